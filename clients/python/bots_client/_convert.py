@@ -1,0 +1,148 @@
+"""Conversions between the data types and the generated protobuf messages.
+
+Shared by the client and the server, so defaults and enum names live in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable
+
+from google.protobuf import timestamp_pb2
+
+from bots_client._proto import bots_pb2 as pb
+from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Task
+
+_DEFAULTS = ExperimentConfig()
+_OPTIONAL_FIELDS = (
+    "target_success",
+    "forgetting",
+    "implicit_weight",
+    "rollouts_per_task",
+    "temperature",
+    "prior_alpha",
+    "prior_beta",
+    "seed",
+    "lease_ttl_seconds",
+    "capability_ema",
+)
+_STRATEGY_TO_PB = {"bots": pb.STRATEGY_BOTS, "mopps": pb.STRATEGY_MOPPS, "uniform": pb.STRATEGY_UNIFORM}
+_STRATEGY_FROM_PB = {v: k for k, v in _STRATEGY_TO_PB.items()} | {pb.STRATEGY_UNSPECIFIED: _DEFAULTS.strategy}
+_MODE_TO_PB = {
+    "thompson": pb.SELECTION_MODE_THOMPSON,
+    "mean": pb.SELECTION_MODE_MEAN,
+    "softmax": pb.SELECTION_MODE_SOFTMAX,
+}
+_MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()} | {pb.SELECTION_MODE_UNSPECIFIED: _DEFAULTS.selection_mode}
+
+
+def config_to_proto(config: ExperimentConfig) -> pb.ExperimentConfig:
+    if config.strategy not in _STRATEGY_TO_PB:
+        raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {sorted(_STRATEGY_TO_PB)}")
+    if config.selection_mode not in _MODE_TO_PB:
+        raise ValueError(f"unknown selection_mode {config.selection_mode!r}; expected one of {sorted(_MODE_TO_PB)}")
+    message = pb.ExperimentConfig(
+        strategy=_STRATEGY_TO_PB[config.strategy],
+        selection_mode=_MODE_TO_PB[config.selection_mode],
+        weak_feature=config.weak_feature,
+        strong_feature=config.strong_feature,
+    )
+    for name in _OPTIONAL_FIELDS:
+        setattr(message, name, getattr(config, name))
+    return message
+
+
+def config_from_proto(message: pb.ExperimentConfig) -> ExperimentConfig:
+    """The config with every unset field at its default.
+
+    Raises ValueError naming an enum value this version does not know.
+    """
+    if message.strategy not in _STRATEGY_FROM_PB:
+        raise ValueError(f"unknown strategy enum value {message.strategy}")
+    if message.selection_mode not in _MODE_FROM_PB:
+        raise ValueError(f"unknown selection_mode enum value {message.selection_mode}")
+    values = {name: getattr(message, name) for name in _OPTIONAL_FIELDS if message.HasField(name)}
+    return dataclasses.replace(
+        _DEFAULTS,
+        strategy=_STRATEGY_FROM_PB[message.strategy],
+        selection_mode=_MODE_FROM_PB[message.selection_mode],
+        weak_feature=message.weak_feature,
+        strong_feature=message.strong_feature,
+        **values,
+    )
+
+
+def timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
+    message = timestamp_pb2.Timestamp()
+    message.FromDatetime(value.astimezone(dt.timezone.utc))
+    return message
+
+
+def experiment_from_proto(message: pb.Experiment) -> Experiment:
+    return Experiment(
+        name=message.name,
+        config=config_from_proto(message.config),
+        step=message.step,
+        num_tasks=message.num_tasks,
+        open_batches=message.open_batches,
+        capability=message.capability if message.HasField("capability") else None,
+        create_time=message.create_time.ToDatetime(tzinfo=dt.timezone.utc),
+    )
+
+
+def experiment_to_proto(experiment: Experiment) -> pb.Experiment:
+    message = pb.Experiment(
+        name=experiment.name,
+        config=config_to_proto(experiment.config),
+        step=experiment.step,
+        num_tasks=experiment.num_tasks,
+        open_batches=experiment.open_batches,
+        create_time=timestamp(experiment.create_time),
+    )
+    if experiment.capability is not None:
+        message.capability = experiment.capability
+    return message
+
+
+def task_to_proto(task: Task) -> pb.Task:
+    return pb.Task(key=task.key, features=dict(task.features))
+
+
+def tasks_from_proto(messages: Iterable[pb.Task]) -> list[Task]:
+    return [Task(key=m.key, features=dict(m.features)) for m in messages]
+
+
+def batch_from_proto(message: pb.Batch) -> Batch:
+    return Batch(
+        batch_id=message.batch_id,
+        step=message.step,
+        keys=list(message.keys),
+        request_key=message.request_key,
+        lease_expire_time=message.lease_expire_time.ToDatetime(tzinfo=dt.timezone.utc),
+    )
+
+
+def batch_to_proto(batch: Batch) -> pb.Batch:
+    return pb.Batch(
+        batch_id=batch.batch_id,
+        step=batch.step,
+        keys=batch.keys,
+        request_key=batch.request_key,
+        lease_expire_time=timestamp(batch.lease_expire_time),
+    )
+
+
+def report_from_proto(message: pb.ReportOutcomesResponse) -> ReportResult:
+    return ReportResult(
+        step=message.step,
+        capability=message.capability if message.HasField("capability") else None,
+        duplicate=message.duplicate,
+    )
+
+
+def report_to_proto(result: ReportResult) -> pb.ReportOutcomesResponse:
+    message = pb.ReportOutcomesResponse(step=result.step, duplicate=result.duplicate)
+    if result.capability is not None:
+        message.capability = result.capability
+    return message

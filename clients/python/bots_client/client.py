@@ -1,0 +1,129 @@
+"""Synchronous client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+import grpc
+
+from bots_client import _calls, _convert
+from bots_client._proto import bots_pb2 as pb
+from bots_client._proto import bots_pb2_grpc as pb_grpc
+from bots_client.errors import from_rpc_error
+from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
+
+T = TypeVar("T")
+
+
+class Client:
+    """A connection to a BOTS server.
+
+    Every call has a deadline (`timeout` seconds; `bulk_timeout` for
+    add_tasks and snapshot) and is retried on UNAVAILABLE with exponential
+    backoff for up to `retry_timeout` seconds, so a server restart or a short
+    database outage is ridden through. Retries are safe: selects carry a
+    request key and a batch is applied once. Errors raise BotsError subclasses.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout: float = 30.0,
+        bulk_timeout: float = 600.0,
+        retry_timeout: float = 60.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.bulk_timeout = bulk_timeout
+        self.retry_timeout = retry_timeout
+        self._metadata = tuple(metadata)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target)
+        else:
+            self._channel = grpc.secure_channel(target, credentials)
+        self._stub = pb_grpc.TaskSelectorStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[[float], T], timeout: float | None = None) -> T:
+        deadline = time.monotonic() + self.retry_timeout
+        for delay in _calls.backoff():
+            try:
+                return fn(self.timeout if timeout is None else timeout)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
+                    raise from_rpc_error(e) from None
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
+        request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(config or ExperimentConfig()))
+        response = self._call(lambda t: self._stub.CreateExperiment(request, timeout=t, metadata=self._metadata))
+        return _convert.experiment_from_proto(response)
+
+    def get_experiment(self, name: str) -> Experiment:
+        request = pb.GetExperimentRequest(name=name)
+        response = self._call(lambda t: self._stub.GetExperiment(request, timeout=t, metadata=self._metadata))
+        return _convert.experiment_from_proto(response)
+
+    def list_experiments(self, page_size: int = 0) -> list[Experiment]:
+        """All experiments, fetched page by page."""
+        experiments: list[Experiment] = []
+        token = ""
+        while True:
+            request = pb.ListExperimentsRequest(page_size=page_size, page_token=token)
+            response = self._call(lambda t: self._stub.ListExperiments(request, timeout=t, metadata=self._metadata))
+            experiments.extend(_convert.experiment_from_proto(e) for e in response.experiments)
+            token = response.next_page_token
+            if not token:
+                return experiments
+
+    def delete_experiment(self, name: str) -> None:
+        request = pb.DeleteExperimentRequest(name=name)
+        self._call(lambda t: self._stub.DeleteExperiment(request, timeout=t, metadata=self._metadata))
+
+    def add_tasks(self, experiment: str, tasks: Iterable[Task]) -> int:
+        """Add tasks (streamed in chunks of about 1 MB; all or nothing).
+        Returns the number of tasks in the experiment afterwards."""
+        chunks = _calls.task_chunks(experiment, tasks)
+        response = self._call(
+            lambda t: self._stub.AddTasks(iter(chunks), timeout=t, metadata=self._metadata), self.bulk_timeout
+        )
+        return int(response.num_tasks)
+
+    def select_batch(self, experiment: str, batch_size: int, request_key: str | None = None) -> Batch:
+        """The next batch. Calls with the same request_key (e.g. "step-12" on
+        every data-parallel rank) get the same batch."""
+        request = pb.SelectBatchRequest(
+            experiment=experiment, batch_size=batch_size, request_key=_calls.request_key(request_key)
+        )
+        response = self._call(lambda t: self._stub.SelectBatch(request, timeout=t, metadata=self._metadata))
+        return _convert.batch_from_proto(response)
+
+    def report_outcomes(
+        self, experiment: str, batch_id: str, outcomes: Mapping[str, _calls.OutcomeValue]
+    ) -> ReportResult:
+        """Report key -> (successes, trials) for tasks of a batch; applied once."""
+        request = _calls.report_request(experiment, batch_id, outcomes)
+        response = self._call(lambda t: self._stub.ReportOutcomes(request, timeout=t, metadata=self._metadata))
+        return _convert.report_from_proto(response)
+
+    def snapshot(self, experiment: str) -> Snapshot:
+        """Every task's posterior: keys, alpha and beta (float64), step and config."""
+        request = pb.SnapshotRequest(experiment=experiment)
+        return self._call(
+            lambda t: _calls.snapshot_from_chunks(self._stub.Snapshot(request, timeout=t, metadata=self._metadata)),
+            self.bulk_timeout,
+        )

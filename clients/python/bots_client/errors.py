@@ -1,0 +1,80 @@
+"""Typed exceptions: every failed call raises a BotsError subclass carrying the
+gRPC status code and the server's message."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class BotsError(Exception):
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class InvalidArgumentError(BotsError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(BotsError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExistsError(BotsError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPreconditionError(BotsError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class UnavailableError(BotsError):
+    """The server or its database is unreachable; raised after retries ran out."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceededError(BotsError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class ResourceExhaustedError(BotsError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class UnauthenticatedError(BotsError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(BotsError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+_BY_CODE = {
+    cls.code: cls
+    for cls in (
+        InvalidArgumentError,
+        NotFoundError,
+        AlreadyExistsError,
+        FailedPreconditionError,
+        UnavailableError,
+        DeadlineExceededError,
+        ResourceExhaustedError,
+        UnauthenticatedError,
+        PermissionDeniedError,
+    )
+}
+
+
+def from_rpc_error(error: grpc.RpcError) -> BotsError:
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    cls = _BY_CODE.get(code, BotsError)
+    return cls(details or code.name, code)

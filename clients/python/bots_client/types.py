@@ -1,0 +1,101 @@
+"""Plain data types of the API, free of protobuf."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+STRATEGIES = ("bots", "mopps", "uniform")
+SELECTION_MODES = ("thompson", "mean", "softmax")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """How an experiment selects and learns. Defaults: the paper's reference config.
+
+    strategy: "bots" (Thompson selection, explicit + implicit evidence, every
+    task forgets every step), "mopps" (explicit evidence only, only reported
+    tasks forget) or "uniform" (uniform random selection; the posterior is
+    still tracked with the BOTS update, for monitoring).
+    """
+
+    strategy: str = "bots"
+    target_success: float = 0.5
+    forgetting: float = 0.1
+    implicit_weight: float = 0.1
+    rollouts_per_task: int = 16
+    selection_mode: str = "thompson"
+    temperature: float = 1.0
+    weak_feature: str = ""
+    strong_feature: str = ""
+    prior_alpha: float = 1.0
+    prior_beta: float = 1.0
+    seed: int = 0
+    lease_ttl_seconds: float = 3600.0
+    capability_ema: float = 0.9
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str
+    features: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the rollouts of one task gave: `successes` of `trials` (a sum of
+    rewards in [0, 1] may be fractional)."""
+
+    key: str
+    successes: float
+    trials: int
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    config: ExperimentConfig
+    step: int
+    num_tasks: int
+    open_batches: int
+    capability: float | None
+    create_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class Batch:
+    batch_id: str
+    step: int
+    keys: list[str]
+    request_key: str
+    lease_expire_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    step: int
+    capability: float | None
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    experiment: Experiment
+    keys: list[str]
+    alpha: np.ndarray
+    beta: np.ndarray
+
+    @property
+    def step(self) -> int:
+        return self.experiment.step
+
+    @property
+    def config(self) -> ExperimentConfig:
+        return self.experiment.config
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.alpha / (self.alpha + self.beta)

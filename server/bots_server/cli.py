@@ -1,0 +1,130 @@
+"""`bots-server`: run the service, migrate the schema, and small ops commands.
+
+    bots-server serve [--db URL] [--listen HOST:PORT] ...
+    bots-server migrate [--db URL]
+    bots-server experiments list [--server HOST:PORT]
+    bots-server experiments show NAME [--server HOST:PORT]
+    bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import dataclasses
+import json
+import os
+import sys
+from typing import IO
+
+import bots_client
+from bots_server import logs, settings
+from bots_server.store import Store
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from bots_server.service.server import serve
+
+    config = settings.from_args(args)
+    logs.configure(config.log_level, config.log_format)
+    asyncio.run(serve(config))
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    Store(args.db).migrate()
+    print("schema is at the latest revision")
+    return 0
+
+
+def _experiment_dict(e: bots_client.Experiment) -> dict[str, object]:
+    d = dataclasses.asdict(e)
+    d["create_time"] = e.create_time.isoformat()
+    return d
+
+
+def _list(args: argparse.Namespace) -> int:
+    with bots_client.Client(args.server) as client:
+        experiments = client.list_experiments()
+    print(f"{'NAME':<32} {'STRATEGY':<8} {'STEP':>8} {'TASKS':>10} {'OPEN':>5} CAPABILITY")
+    for e in experiments:
+        capability = "-" if e.capability is None else f"{e.capability:.4f}"
+        print(f"{e.name:<32} {e.config.strategy:<8} {e.step:>8} {e.num_tasks:>10} {e.open_batches:>5} {capability}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    with bots_client.Client(args.server) as client:
+        print(json.dumps(_experiment_dict(client.get_experiment(args.name)), indent=2))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    with bots_client.Client(args.server) as client:
+        snap = client.snapshot(args.name)
+    out: IO[str] = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
+    try:
+        mean = snap.mean
+        if args.format == "csv":
+            writer = csv.writer(out)
+            writer.writerow(["key", "alpha", "beta", "mean"])
+            for i, key in enumerate(snap.keys):
+                writer.writerow([key, repr(float(snap.alpha[i])), repr(float(snap.beta[i])), repr(float(mean[i]))])
+        else:
+            for i, key in enumerate(snap.keys):
+                row = {"key": key, "alpha": float(snap.alpha[i]), "beta": float(snap.beta[i]), "mean": float(mean[i])}
+                out.write(json.dumps(row) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    if args.output != "-":
+        print(f"wrote {len(snap.keys)} tasks of {args.name!r} at step {snap.step} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bots-server", description="BOTS selection service")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gRPC server")
+    settings.add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+    migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
+    migrate.add_argument("--db", default=os.environ.get("BOTS_DB", "sqlite:///bots.db"), help="database URL (env BOTS_DB)")
+    migrate.set_defaults(run=_migrate)
+
+    server_default = os.environ.get("BOTS_SERVER", DEFAULT_SERVER)
+    experiments = commands.add_parser("experiments", help="list or show experiments of a running server")
+    sub = experiments.add_subparsers(dest="action", required=True)
+    listing = sub.add_parser("list")
+    listing.set_defaults(run=_list)
+    show = sub.add_parser("show")
+    show.add_argument("name")
+    show.set_defaults(run=_show)
+    for p in (listing, show):
+        p.add_argument("--server", default=server_default, help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})")
+
+    export = commands.add_parser("export", help="export an experiment's posterior to CSV or JSON lines")
+    export.add_argument("name")
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    export.add_argument("--output", default="-", help="file to write (default: standard output)")
+    export.add_argument("--server", default=server_default, help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})")
+    export.set_defaults(run=_export)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except bots_client.BotsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

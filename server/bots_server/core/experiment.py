@@ -1,0 +1,117 @@
+"""An experiment held in memory: the posterior arrays and the task keys."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bots_client.types import ExperimentConfig
+from bots_server.engine import EngineParams, PosteriorState, apply_outcomes
+from bots_server.store import LoadedRows, StepEvent
+
+
+@dataclass
+class LiveExperiment:
+    """The authoritative in-memory copy of one experiment on this replica.
+
+    `state` and `step` change together, and only after the store committed
+    the step. Arrays are never mutated in place, so a reader may keep a
+    reference to an old state.
+    """
+
+    id: int
+    name: str
+    config: ExperimentConfig
+    params: EngineParams
+    create_time: dt.datetime
+    keys: list[str]
+    index: dict[str, int]
+    state: PosteriorState
+    step: int
+    checkpoint_step: int
+    checkpoint_time: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    checkpoint_task: asyncio.Task[None] | None = None
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.keys)
+
+    @property
+    def capability(self) -> float | None:
+        return None if math.isnan(self.state.capability) else self.state.capability
+
+    def reference_features(self, features: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+        """Weak and strong reference pass rates of new tasks; NaN where missing."""
+        weak_name, strong_name = self.config.weak_feature, self.config.strong_feature
+        weak = np.array([f.get(weak_name, math.nan) if weak_name else math.nan for f in features], dtype=np.float64)
+        strong = np.array([f.get(strong_name, math.nan) if strong_name else math.nan for f in features], dtype=np.float64)
+        return weak, strong
+
+    def append_tasks(self, keys: Sequence[str], features: Sequence[dict[str, float]]) -> None:
+        start = len(self.keys)
+        self.keys.extend(keys)
+        self.index.update((key, start + i) for i, key in enumerate(keys))
+        weak, strong = self.reference_features(features)
+        self.state = self.state.extended(self.params, weak, strong)
+
+    def replay(self, events: Sequence[StepEvent]) -> None:
+        """Apply committed events, exactly as their reports were applied."""
+        for event in events:
+            if event.step != self.step + 1:
+                raise RuntimeError(f"experiment {self.name!r}: event for step {event.step} after step {self.step}")
+            result = apply_outcomes(
+                self.params,
+                self.state,
+                np.asarray(event.task_idx, dtype=np.int64),
+                np.asarray(event.successes, dtype=np.float64),
+                np.asarray(event.trials, dtype=np.float64),
+                pool_size=event.pool_size,
+            )
+            self.state = result.state
+            self.step = event.step
+
+    def catch_up(self, rows: LoadedRows) -> None:
+        """Take in what other writers committed: new tasks, then new steps.
+
+        Tasks appended after an event's step do not take part in it (the
+        event's pool_size), so adding them first is safe.
+        """
+        if rows.keys:
+            self.append_tasks(rows.keys, rows.features)
+        self.replay(rows.events)
+
+    @classmethod
+    def rebuild(cls, rows: LoadedRows, params: EngineParams) -> LiveExperiment:
+        """The last checkpoint plus a replay of every event after it."""
+        checkpoint = rows.checkpoint
+        assert checkpoint is not None
+        exp = rows.experiment
+        live = cls(
+            id=exp.id,
+            name=exp.name,
+            config=exp.config,
+            params=params,
+            create_time=exp.create_time,
+            keys=[],
+            index={},
+            state=PosteriorState.from_prior(params, np.empty(0), np.empty(0)),
+            step=checkpoint.step,
+            checkpoint_step=checkpoint.step,
+        )
+        live.append_tasks(rows.keys, rows.features)
+        n = len(checkpoint.alpha)
+        alpha = live.state.alpha.copy()
+        beta = live.state.beta.copy()
+        alpha[:n] = checkpoint.alpha
+        beta[:n] = checkpoint.beta
+        capability = math.nan if checkpoint.capability is None else checkpoint.capability
+        live.state = PosteriorState(alpha, beta, live.state.weak, live.state.strong, capability)
+        live.replay(rows.events)
+        return live

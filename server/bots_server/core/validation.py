@@ -1,0 +1,124 @@
+"""Checks of every input value. Each raises InvalidArgument naming the value."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from bots_client.types import SELECTION_MODES, STRATEGIES, ExperimentConfig, Outcome, Task
+from bots_server.engine import EngineParams, SelectionMode, Strategy
+from bots_server.errors import InvalidArgument
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_KEY_LENGTH = 1024
+MAX_REQUEST_KEY_LENGTH = 256
+MAX_FEATURE_NAME_LENGTH = 256
+MAX_SEED = 2**63 - 1
+
+
+def experiment_name(name: str) -> None:
+    if not NAME_PATTERN.fullmatch(name):
+        raise InvalidArgument(
+            f"experiment name {name!r} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ -, "
+            "starting with a letter or digit"
+        )
+
+
+def _in_range(field: str, value: float, low: float, high: float) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidArgument(f"config.{field} = {value!r} is outside [{low}, {high}]")
+
+
+def _positive(field: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidArgument(f"config.{field} = {value!r} must be a finite number > 0")
+
+
+def config(cfg: ExperimentConfig) -> None:
+    if cfg.strategy not in STRATEGIES:
+        raise InvalidArgument(f"config.strategy = {cfg.strategy!r}; expected one of {list(STRATEGIES)}")
+    if cfg.selection_mode not in SELECTION_MODES:
+        raise InvalidArgument(f"config.selection_mode = {cfg.selection_mode!r}; expected one of {list(SELECTION_MODES)}")
+    _in_range("target_success", cfg.target_success, 0.0, 1.0)
+    _in_range("forgetting", cfg.forgetting, 0.0, 1.0)
+    _in_range("implicit_weight", cfg.implicit_weight, 0.0, 1.0)
+    _in_range("capability_ema", cfg.capability_ema, 0.0, 1.0)
+    if not 1 <= cfg.rollouts_per_task <= 1_000_000:
+        raise InvalidArgument(f"config.rollouts_per_task = {cfg.rollouts_per_task} is outside [1, 1000000]")
+    _positive("temperature", cfg.temperature)
+    _positive("prior_alpha", cfg.prior_alpha)
+    _positive("prior_beta", cfg.prior_beta)
+    _positive("lease_ttl_seconds", cfg.lease_ttl_seconds)
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise InvalidArgument(f"config.seed = {cfg.seed} is outside [0, 2^63 - 1]")
+    if bool(cfg.weak_feature) != bool(cfg.strong_feature):
+        raise InvalidArgument(
+            f"config.weak_feature = {cfg.weak_feature!r} and config.strong_feature = {cfg.strong_feature!r}: "
+            "set both (interpolation plug-in) or neither"
+        )
+    if cfg.weak_feature and cfg.weak_feature == cfg.strong_feature:
+        raise InvalidArgument(f"config.weak_feature and strong_feature are both {cfg.weak_feature!r}")
+    for field in ("weak_feature", "strong_feature"):
+        if len(getattr(cfg, field)) > MAX_FEATURE_NAME_LENGTH:
+            raise InvalidArgument(f"config.{field} is longer than {MAX_FEATURE_NAME_LENGTH} characters")
+
+
+def engine_params(cfg: ExperimentConfig) -> EngineParams:
+    return EngineParams(
+        strategy=Strategy(cfg.strategy),
+        target_success=cfg.target_success,
+        forgetting=cfg.forgetting,
+        implicit_weight=cfg.implicit_weight,
+        rollouts_per_task=cfg.rollouts_per_task,
+        selection_mode=SelectionMode(cfg.selection_mode),
+        temperature=cfg.temperature,
+        prior_alpha=cfg.prior_alpha,
+        prior_beta=cfg.prior_beta,
+        capability_ema=cfg.capability_ema,
+    )
+
+
+def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:
+    """Keys non-empty, short and distinct; features finite; reference pass rates in [0, 1]."""
+    if not new_tasks:
+        raise InvalidArgument("no tasks given")
+    seen: set[str] = set()
+    references = {cfg.weak_feature, cfg.strong_feature} - {""}
+    for position, task in enumerate(new_tasks):
+        if not task.key:
+            raise InvalidArgument(f"task #{position} has an empty key")
+        if len(task.key) > MAX_KEY_LENGTH:
+            raise InvalidArgument(f"task key {task.key[:40]!r}... is longer than {MAX_KEY_LENGTH} characters")
+        if task.key in seen:
+            raise InvalidArgument(f"task key {task.key!r} appears more than once in the request")
+        seen.add(task.key)
+        for name, value in task.features.items():
+            if not math.isfinite(value):
+                raise InvalidArgument(f"task {task.key!r}: feature {name!r} = {value!r} is not finite")
+            if name in references and not 0.0 <= value <= 1.0:
+                raise InvalidArgument(f"task {task.key!r}: reference pass rate {name!r} = {value!r} is outside [0, 1]")
+
+
+def batch_request(batch_size: int, request_key: str) -> None:
+    if batch_size < 1:
+        raise InvalidArgument(f"batch_size = {batch_size} must be at least 1")
+    if len(request_key) > MAX_REQUEST_KEY_LENGTH:
+        raise InvalidArgument(f"request_key {request_key[:40]!r}... is longer than {MAX_REQUEST_KEY_LENGTH} characters")
+
+
+def outcomes(batch_id: str, reported: Sequence[Outcome]) -> None:
+    """Shape and values of a report, before it is matched against the batch."""
+    if not batch_id:
+        raise InvalidArgument("batch_id is empty")
+    if not reported:
+        raise InvalidArgument(f"report for batch {batch_id!r} has no outcomes")
+    seen: set[str] = set()
+    for o in reported:
+        if o.key in seen:
+            raise InvalidArgument(f"task {o.key!r} is reported more than once")
+        seen.add(o.key)
+        if o.trials < 1:
+            raise InvalidArgument(f"task {o.key!r}: trials = {o.trials} must be at least 1")
+        if not math.isfinite(o.successes) or not 0.0 <= o.successes <= o.trials:
+            raise InvalidArgument(f"task {o.key!r}: successes = {o.successes!r} is outside [0, trials = {o.trials}]")

@@ -1,0 +1,1 @@
+"""gRPC layer: proto <-> domain conversion, status mapping, server lifecycle."""

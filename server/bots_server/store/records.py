@@ -1,0 +1,64 @@
+"""What the store reads and writes, as plain data."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from bots_client.types import ExperimentConfig
+
+
+@dataclass(frozen=True)
+class ExperimentRow:
+    id: int
+    name: str
+    config: ExperimentConfig
+    step: int
+    num_tasks: int
+    capability: float | None  # after the latest step
+    create_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One applied report: the batch's outcomes and the scalars after it."""
+
+    step: int
+    batch_id: str
+    pool_size: int
+    task_idx: list[int]  # ascending
+    successes: list[float]
+    trials: list[int]
+    capability: float | None
+    capability_estimate: float | None
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    step: int
+    capability: float | None
+    alpha: list[float]  # tasks 0..len-1; later tasks are at the prior
+    beta: list[float]
+    create_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    batch_id: str
+    request_key: str
+    step: int
+    task_idx: list[int]  # in selection order
+    create_time: dt.datetime
+    lease_expire_time: dt.datetime
+    reported_step: int | None
+
+
+@dataclass(frozen=True)
+class LoadedRows:
+    """A consistent read of an experiment from one transaction."""
+
+    experiment: ExperimentRow
+    keys: list[str]  # tasks from the requested start index on
+    features: list[dict[str, float]]
+    checkpoint: CheckpointRow | None  # None when only reading what is new
+    events: list[StepEvent]  # steps after the requested one, ascending

@@ -1,0 +1,133 @@
+"""Tables. The migrations in store/migrations create exactly this schema
+(tests/store/test_migrations.py compares them).
+
+Posteriors are plain rows: `posteriors` holds every task's (alpha, beta) as of
+the experiment's last checkpoint (`checkpoints.step`); `steps` and `outcomes`
+are the append-only event log after it. The view `task_posteriors` joins keys
+to the checkpointed values for plain-SQL reading.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+
+
+def _experiment_id() -> Column:
+    return Column("experiment_id", Integer, ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+
+
+experiments = Table(
+    "experiments",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("strategy", String(16), nullable=False),
+    Column("target_success", Double, nullable=False),
+    Column("forgetting", Double, nullable=False),
+    Column("implicit_weight", Double, nullable=False),
+    Column("rollouts_per_task", Integer, nullable=False),
+    Column("selection_mode", String(16), nullable=False),
+    Column("temperature", Double, nullable=False),
+    Column("weak_feature", String(256), nullable=False),
+    Column("strong_feature", String(256), nullable=False),
+    Column("prior_alpha", Double, nullable=False),
+    Column("prior_beta", Double, nullable=False),
+    Column("seed", BigInteger, nullable=False),
+    Column("lease_ttl_seconds", Double, nullable=False),
+    Column("capability_ema", Double, nullable=False),
+    # Number of reports applied; the compare-and-set target of every report.
+    Column("step", BigInteger, nullable=False),
+    Column("num_tasks", BigInteger, nullable=False),
+    Column("create_time", DateTime(timezone=True), nullable=False),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    _experiment_id(),
+    Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
+    Column("key", String(1024), nullable=False),
+    Column("features", Text, nullable=False),  # JSON object of named floats
+    UniqueConstraint("experiment_id", "key", name="uq_tasks_experiment_key"),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    _experiment_id(),
+    Column("step", BigInteger, nullable=False),
+    Column("num_tasks", BigInteger, nullable=False),  # posteriors rows 0..num_tasks-1
+    Column("capability", Double, nullable=True),
+    Column("create_time", DateTime(timezone=True), nullable=False),
+)
+
+posteriors = Table(
+    "posteriors",
+    metadata,
+    _experiment_id(),
+    Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
+    Column("alpha", Double, nullable=False),
+    Column("beta", Double, nullable=False),
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    _experiment_id(),
+    Column("step", BigInteger, primary_key=True, autoincrement=False),
+    Column("batch_id", String(64), nullable=False),
+    Column("pool_size", BigInteger, nullable=False),  # tasks that took part in this step
+    Column("capability", Double, nullable=True),  # after this step
+    Column("capability_estimate", Double, nullable=True),  # this batch's c_hat
+    Column("create_time", DateTime(timezone=True), nullable=False),
+)
+
+outcomes = Table(
+    "outcomes",
+    metadata,
+    _experiment_id(),
+    Column("step", BigInteger, primary_key=True, autoincrement=False),
+    Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
+    Column("successes", Double, nullable=False),
+    Column("trials", Integer, nullable=False),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    _experiment_id(),
+    Column("batch_id", String(64), primary_key=True),
+    Column("request_key", String(256), nullable=False),
+    Column("step", BigInteger, nullable=False),  # selected at
+    Column("batch_size", Integer, nullable=False),
+    Column("create_time", DateTime(timezone=True), nullable=False),
+    Column("lease_expire_time", DateTime(timezone=True), nullable=False),
+    Column("reported_step", BigInteger, nullable=True),
+    UniqueConstraint("experiment_id", "request_key", name="uq_batches_experiment_request_key"),
+    Index("ix_batches_open", "experiment_id", "reported_step", "lease_expire_time"),
+)
+
+batch_tasks = Table(
+    "batch_tasks",
+    metadata,
+    _experiment_id(),
+    Column("batch_id", String(64), primary_key=True),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("task_idx", BigInteger, nullable=False),
+)

@@ -1,0 +1,493 @@
+"""The SQL store: every read and write of the service, one transaction each.
+
+Database errors are translated here, in one place: connection loss, timeouts
+and a locked SQLite file become `Unavailable` (retryable); constraint
+violations become domain errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import logging
+import pathlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import event, exc
+from sqlalchemy.engine import Connection, Engine
+
+from bots_client.types import ExperimentConfig
+from bots_server.errors import AlreadyExists, Unavailable
+from bots_server.store import schema as t
+from bots_server.store.records import BatchRow, CheckpointRow, ExperimentRow, LoadedRows, StepEvent
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_CONFIG_COLUMNS = tuple(f.name for f in dataclasses.fields(ExperimentConfig))
+_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
+
+
+class StaleStep(Exception):
+    """The experiment moved on (another replica or a racing call): re-read and retry."""
+
+
+class BatchAlreadyReported(Exception):
+    """A concurrent report of the same batch committed first."""
+
+
+def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (exc.OperationalError, exc.InterfaceError, exc.TimeoutError) as e:
+            raise Unavailable(f"database unavailable: {_first_line(e)}") from e
+        except exc.DBAPIError as e:
+            if e.connection_invalidated:
+                raise Unavailable(f"database connection lost: {_first_line(e)}") from e
+            raise
+
+    return wrapper
+
+
+def _first_line(e: BaseException) -> str:
+    return str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    """SQLite returns naive datetimes; every stored time is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+
+
+class Store:
+    def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, connect_timeout_s: int = 5) -> None:
+        self.url = sa.make_url(url)
+        self.is_sqlite = self.url.get_backend_name() == "sqlite"
+        self.engine = self._create_engine(busy_timeout_ms, connect_timeout_s)
+
+    def _create_engine(self, busy_timeout_ms: int, connect_timeout_s: int) -> Engine:
+        if not self.is_sqlite:
+            return sa.create_engine(
+                self.url,
+                pool_pre_ping=True,
+                pool_size=8,
+                max_overflow=8,
+                pool_timeout=connect_timeout_s,
+                connect_args={"connect_timeout": connect_timeout_s},
+            )
+        engine = sa.create_engine(self.url, connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # transactions are begun below, explicitly
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=FULL")  # an acknowledged report survives power loss
+            cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            # Writers take the lock up front: a deferred transaction that reads
+            # and then writes can fail with SQLITE_BUSY despite the busy timeout.
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
+
+        return engine
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            conn.execution_options(write=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        """A read transaction that sees one consistent snapshot."""
+        with self.engine.connect() as conn:
+            if not self.is_sqlite:
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema -----------------------------------------------------------
+
+    @_translate_errors
+    def migrate(self, revision: str = "head") -> None:
+        """Create or upgrade the schema with the Alembic migrations."""
+        config = AlembicConfig()
+        config.set_main_option("script_location", str(_MIGRATIONS))
+        with self._write() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, revision)
+
+    @_translate_errors
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    # -- experiments ----------------------------------------------------
+
+    @_translate_errors
+    def create_experiment(self, name: str, config: ExperimentConfig, now: dt.datetime) -> ExperimentRow:
+        values = {c: getattr(config, c) for c in _CONFIG_COLUMNS}
+        try:
+            with self._write() as conn:
+                experiment_id = conn.execute(
+                    t.experiments.insert().values(name=name, step=0, num_tasks=0, create_time=now, **values)
+                ).inserted_primary_key[0]
+                conn.execute(
+                    t.checkpoints.insert().values(
+                        experiment_id=experiment_id, step=0, num_tasks=0, capability=None, create_time=now
+                    )
+                )
+        except exc.IntegrityError as e:
+            raise AlreadyExists(f"experiment {name!r} already exists") from e
+        return ExperimentRow(experiment_id, name, config, 0, 0, None, now)
+
+    @_translate_errors
+    def find_experiment(self, name: str) -> ExperimentRow | None:
+        with self._read() as conn:
+            row = conn.execute(_EXPERIMENTS.where(t.experiments.c.name == name)).one_or_none()
+        return None if row is None else _experiment_row(row)
+
+    @_translate_errors
+    def list_experiments(self, after_name: str, limit: int) -> list[ExperimentRow]:
+        query = _EXPERIMENTS.where(t.experiments.c.name > after_name).order_by(t.experiments.c.name)
+        with self._read() as conn:
+            return [_experiment_row(r) for r in conn.execute(query.limit(limit))]
+
+    @_translate_errors
+    def delete_experiment(self, experiment_id: int) -> bool:
+        with self._write() as conn:
+            for table in (t.batch_tasks, t.batches, t.outcomes, t.steps, t.posteriors, t.checkpoints, t.tasks):
+                conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
+            deleted = conn.execute(t.experiments.delete().where(t.experiments.c.id == experiment_id)).rowcount
+        return deleted == 1
+
+    @_translate_errors
+    def count_open_batches(self, experiment_id: int, now: dt.datetime) -> int:
+        with self._read() as conn:
+            return conn.execute(
+                sa.select(sa.func.count()).select_from(t.batches).where(_open_batch(experiment_id, now))
+            ).scalar_one()
+
+    # -- tasks and state --------------------------------------------------
+
+    @_translate_errors
+    def add_tasks(
+        self, experiment_id: int, expected_num_tasks: int, keys: Sequence[str], features: Sequence[dict[str, float]]
+    ) -> int:
+        """Append tasks at indices expected_num_tasks.. in one transaction.
+
+        Raises StaleStep if another writer added tasks first, AlreadyExists
+        naming up to 5 keys the experiment already has.
+        """
+        total = expected_num_tasks + len(keys)
+        try:
+            with self._write() as conn:
+                updated = conn.execute(
+                    t.experiments.update()
+                    .where(t.experiments.c.id == experiment_id, t.experiments.c.num_tasks == expected_num_tasks)
+                    .values(num_tasks=total)
+                ).rowcount
+                if updated != 1:
+                    raise StaleStep()
+                rows = (
+                    (experiment_id, expected_num_tasks + i, key, json.dumps(f))
+                    for i, (key, f) in enumerate(zip(keys, features, strict=True))
+                )
+                self._bulk_insert(conn, t.tasks, ("experiment_id", "task_idx", "key", "features"), rows)
+        except exc.IntegrityError as e:
+            existing = self._existing_keys(experiment_id, keys, limit=5)
+            raise AlreadyExists(f"task keys already in the experiment: {existing}") from e
+        return total
+
+    def _existing_keys(self, experiment_id: int, keys: Sequence[str], limit: int) -> list[str]:
+        found: list[str] = []
+        with self._read() as conn:
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start : start + 500])
+                query = sa.select(t.tasks.c.key).where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.key.in_(chunk))
+                found.extend(conn.execute(query).scalars())
+                if len(found) >= limit:
+                    break
+        return found[:limit]
+
+    def _bulk_insert(self, conn: Connection, table: sa.Table, columns: Sequence[str], rows: Any) -> None:
+        """Insert many rows fast: COPY on PostgreSQL, executemany on SQLite."""
+        if self.is_sqlite:
+            placeholders = ", ".join("?" for _ in columns)
+            cursor = conn.connection.driver_connection.cursor()
+            cursor.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({placeholders})", rows)
+            return
+        with conn.connection.driver_connection.cursor() as cursor:
+            with cursor.copy(f"COPY {table.name} ({', '.join(columns)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+
+    @_translate_errors
+    def load(self, experiment_id: int, *, after_step: int | None = None, first_task: int = 0) -> LoadedRows | None:
+        """Rows to rebuild an experiment, read in one consistent snapshot.
+
+        after_step None: the last checkpoint and every event after it (a full
+        rebuild). Otherwise only tasks from `first_task` and events after
+        `after_step` (catching up a cached copy). None if the experiment is gone.
+        """
+        with self._read() as conn:
+            row = conn.execute(_EXPERIMENTS.where(t.experiments.c.id == experiment_id)).one_or_none()
+            if row is None:
+                return None
+            experiment = _experiment_row(row)
+            checkpoint = None
+            if after_step is None:
+                checkpoint = self._read_checkpoint(conn, experiment_id)
+                after_step = checkpoint.step
+            keys: list[str] = []
+            features: list[dict[str, float]] = []
+            if first_task < experiment.num_tasks:
+                query = (
+                    sa.select(t.tasks.c.key, t.tasks.c.features)
+                    .where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.task_idx >= first_task)
+                    .order_by(t.tasks.c.task_idx)
+                )
+                for key, feats in conn.execute(query):
+                    keys.append(key)
+                    features.append(json.loads(feats))
+            events = self._read_events(conn, experiment_id, after_step) if after_step < experiment.step else []
+        return LoadedRows(experiment, keys, features, checkpoint, events)
+
+    def _read_checkpoint(self, conn: Connection, experiment_id: int) -> CheckpointRow:
+        meta = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
+        rows = conn.execute(
+            sa.select(t.posteriors.c.alpha, t.posteriors.c.beta)
+            .where(t.posteriors.c.experiment_id == experiment_id)
+            .order_by(t.posteriors.c.task_idx)
+        ).all()
+        if len(rows) != meta.num_tasks:
+            raise RuntimeError(f"checkpoint of experiment {experiment_id} has {len(rows)} rows, expected {meta.num_tasks}")
+        return CheckpointRow(
+            step=meta.step,
+            capability=meta.capability,
+            alpha=[r[0] for r in rows],
+            beta=[r[1] for r in rows],
+            create_time=_utc(meta.create_time),
+        )
+
+    def _read_events(self, conn: Connection, experiment_id: int, after_step: int) -> list[StepEvent]:
+        step_rows = conn.execute(
+            sa.select(t.steps)
+            .where(t.steps.c.experiment_id == experiment_id, t.steps.c.step > after_step)
+            .order_by(t.steps.c.step)
+        ).all()
+        outcome_rows = conn.execute(
+            sa.select(t.outcomes.c.step, t.outcomes.c.task_idx, t.outcomes.c.successes, t.outcomes.c.trials)
+            .where(t.outcomes.c.experiment_id == experiment_id, t.outcomes.c.step > after_step)
+            .order_by(t.outcomes.c.step, t.outcomes.c.task_idx)
+        ).all()
+        by_step: dict[int, list[Any]] = {}
+        for r in outcome_rows:
+            by_step.setdefault(r.step, []).append(r)
+        return [_step_event(s, by_step.get(s.step, [])) for s in step_rows]
+
+    @_translate_errors
+    def read_event(self, experiment_id: int, step: int) -> StepEvent:
+        with self._read() as conn:
+            return self._read_events(conn, experiment_id, step - 1)[0]
+
+    @_translate_errors
+    def write_checkpoint(
+        self,
+        experiment_id: int,
+        step: int,
+        capability: float | None,
+        alpha: Sequence[float],
+        beta: Sequence[float],
+        now: dt.datetime,
+    ) -> bool:
+        """Replace the experiment's posterior rows with the state at `step`.
+
+        False (and nothing written) if a checkpoint at or after `step` exists:
+        the checkpoint row is updated first, which also serializes writers.
+        """
+        with self._write() as conn:
+            updated = conn.execute(
+                t.checkpoints.update()
+                .where(t.checkpoints.c.experiment_id == experiment_id, t.checkpoints.c.step < step)
+                .values(step=step, num_tasks=len(alpha), capability=capability, create_time=now)
+            ).rowcount
+            if updated != 1:
+                return False
+            conn.execute(t.posteriors.delete().where(t.posteriors.c.experiment_id == experiment_id))
+            rows = ((experiment_id, i, a, b) for i, (a, b) in enumerate(zip(alpha, beta, strict=True)))
+            self._bulk_insert(conn, t.posteriors, ("experiment_id", "task_idx", "alpha", "beta"), rows)
+        return True
+
+    # -- batches and reports --------------------------------------------------
+
+    @_translate_errors
+    def find_batch(self, experiment_id: int, *, batch_id: str = "", request_key: str = "") -> BatchRow | None:
+        condition = t.batches.c.batch_id == batch_id if batch_id else t.batches.c.request_key == request_key
+        with self._read() as conn:
+            return self._find_batch(conn, experiment_id, condition)
+
+    def _find_batch(self, conn: Connection, experiment_id: int, condition: Any) -> BatchRow | None:
+        row = conn.execute(
+            sa.select(t.batches).where(t.batches.c.experiment_id == experiment_id, condition)
+        ).one_or_none()
+        if row is None:
+            return None
+        task_idx = conn.execute(
+            sa.select(t.batch_tasks.c.task_idx)
+            .where(t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id == row.batch_id)
+            .order_by(t.batch_tasks.c.position)
+        ).scalars()
+        return BatchRow(
+            batch_id=row.batch_id,
+            request_key=row.request_key,
+            step=row.step,
+            task_idx=list(task_idx),
+            create_time=_utc(row.create_time),
+            lease_expire_time=_utc(row.lease_expire_time),
+            reported_step=row.reported_step,
+        )
+
+    @_translate_errors
+    def leased_tasks(self, experiment_id: int, now: dt.datetime) -> list[int]:
+        """Tasks in open batches: not reported, lease not expired."""
+        query = (
+            sa.select(t.batch_tasks.c.task_idx)
+            .join(
+                t.batches,
+                sa.and_(
+                    t.batches.c.experiment_id == t.batch_tasks.c.experiment_id,
+                    t.batches.c.batch_id == t.batch_tasks.c.batch_id,
+                ),
+            )
+            .where(_open_batch(experiment_id, now))
+        )
+        with self._read() as conn:
+            return list(conn.execute(query).scalars())
+
+    @_translate_errors
+    def insert_batch(self, experiment_id: int, batch: BatchRow) -> BatchRow:
+        """Store a selected batch; if a racing call stored one under the same
+        request key first, return that one instead."""
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    t.batches.insert().values(
+                        experiment_id=experiment_id,
+                        batch_id=batch.batch_id,
+                        request_key=batch.request_key,
+                        step=batch.step,
+                        batch_size=len(batch.task_idx),
+                        create_time=batch.create_time,
+                        lease_expire_time=batch.lease_expire_time,
+                        reported_step=None,
+                    )
+                )
+                conn.execute(
+                    t.batch_tasks.insert(),
+                    [
+                        {"experiment_id": experiment_id, "batch_id": batch.batch_id, "position": i, "task_idx": idx}
+                        for i, idx in enumerate(batch.task_idx)
+                    ],
+                )
+        except exc.IntegrityError:
+            existing = self.find_batch(experiment_id, request_key=batch.request_key)
+            if existing is None:
+                raise
+            return existing
+        return batch
+
+    @_translate_errors
+    def commit_report(self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime) -> None:
+        """Append one step's event and advance the experiment, atomically.
+
+        The step is a compare-and-set: StaleStep if the experiment is no longer
+        at `expected_step` (another writer got there first; nothing written).
+        BatchAlreadyReported if the batch was reported meanwhile.
+        """
+        with self._write() as conn:
+            advanced = conn.execute(
+                t.experiments.update()
+                .where(t.experiments.c.id == experiment_id, t.experiments.c.step == expected_step)
+                .values(step=event.step)
+            ).rowcount
+            if advanced != 1:
+                raise StaleStep()
+            marked = conn.execute(
+                t.batches.update()
+                .where(
+                    t.batches.c.experiment_id == experiment_id,
+                    t.batches.c.batch_id == event.batch_id,
+                    t.batches.c.reported_step.is_(None),
+                )
+                .values(reported_step=event.step)
+            ).rowcount
+            if marked != 1:
+                raise BatchAlreadyReported()  # rolls the step back too
+            conn.execute(
+                t.steps.insert().values(
+                    experiment_id=experiment_id,
+                    step=event.step,
+                    batch_id=event.batch_id,
+                    pool_size=event.pool_size,
+                    capability=event.capability,
+                    capability_estimate=event.capability_estimate,
+                    create_time=now,
+                )
+            )
+            conn.execute(
+                t.outcomes.insert(),
+                [
+                    {"experiment_id": experiment_id, "step": event.step, "task_idx": i, "successes": s, "trials": n}
+                    for i, s, n in zip(event.task_idx, event.successes, event.trials, strict=True)
+                ],
+            )
+
+
+# Experiments with the capability after their latest step (NULL before any).
+_EXPERIMENTS = sa.select(t.experiments, t.steps.c.capability).outerjoin(
+    t.steps, sa.and_(t.steps.c.experiment_id == t.experiments.c.id, t.steps.c.step == t.experiments.c.step)
+)
+
+
+def _open_batch(experiment_id: int, now: dt.datetime) -> Any:
+    return sa.and_(
+        t.batches.c.experiment_id == experiment_id,
+        t.batches.c.reported_step.is_(None),
+        t.batches.c.lease_expire_time > now,
+    )
+
+
+def _experiment_row(row: Any) -> ExperimentRow:
+    config = ExperimentConfig(**{c: getattr(row, c) for c in _CONFIG_COLUMNS})
+    return ExperimentRow(row.id, row.name, config, row.step, row.num_tasks, row.capability, _utc(row.create_time))
+
+
+def _step_event(step_row: Any, outcome_rows: list[Any]) -> StepEvent:
+    return StepEvent(
+        step=step_row.step,
+        batch_id=step_row.batch_id,
+        pool_size=step_row.pool_size,
+        task_idx=[r.task_idx for r in outcome_rows],
+        successes=[r.successes for r in outcome_rows],
+        trials=[r.trials for r in outcome_rows],
+        capability=step_row.capability,
+        capability_estimate=step_row.capability_estimate,
+    )
