@@ -9,23 +9,19 @@ they fail: CI must run them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, postgres_available
+from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, require_postgres
 
 BACKENDS = ("sqlite", "postgresql")
 
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    if not postgres_available():
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is not reachable; CI must run the PostgreSQL tests")
-        pytest.skip("PostgreSQL is not reachable (set BOTS_TEST_PG_DSN)")
+    require_postgres()
     url = create_pg_database()
     yield url
     drop_pg_database(url)
@@ -34,10 +30,7 @@ def pg_url() -> Iterator[str]:
 @pytest.fixture
 def fresh_pg_url() -> Iterator[str]:
     """A database of its own, for tests that need an empty schema."""
-    if not postgres_available():
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is not reachable; CI must run the PostgreSQL tests")
-        pytest.skip("PostgreSQL is not reachable (set BOTS_TEST_PG_DSN)")
+    require_postgres()
     url = create_pg_database()
     yield url
     drop_pg_database(url)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
+import pytest
 
 PG_ADMIN_DSN = os.environ.get("BOTS_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +95,14 @@ def postgres_available() -> bool:
             return True
     except psycopg.OperationalError:
         return False
+
+
+def require_postgres() -> None:
+    """Skip without PostgreSQL, except in CI (CI set), where that fails."""
+    if not postgres_available():
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not reachable; CI must run the PostgreSQL tests")
+        pytest.skip("PostgreSQL is not reachable (set BOTS_TEST_PG_DSN)")
 
 
 def create_pg_database(prefix: str = "bots_test") -> str:

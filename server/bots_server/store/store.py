@@ -228,16 +228,24 @@ class Store:
         return found[:limit]
 
     def _bulk_insert(self, conn: Connection, table: sa.Table, columns: Sequence[str], rows: Any) -> None:
-        """Insert many rows fast: COPY on PostgreSQL, executemany on SQLite."""
-        if self.is_sqlite:
-            placeholders = ", ".join("?" for _ in columns)
-            cursor = conn.connection.driver_connection.cursor()
-            cursor.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({placeholders})", rows)
-            return
-        with conn.connection.driver_connection.cursor() as cursor:
-            with cursor.copy(f"COPY {table.name} ({', '.join(columns)}) FROM STDIN") as copy:
+        """Insert many rows fast: COPY on PostgreSQL, executemany on SQLite.
+
+        Driver errors are wrapped as SQLAlchemy's (IntegrityError, ...), as
+        statements run through SQLAlchemy are.
+        """
+        names = ", ".join(columns)
+        driver_error = self.engine.dialect.loaded_dbapi.Error
+        try:
+            if self.is_sqlite:
+                sql = f"INSERT INTO {table.name} ({names}) VALUES ({', '.join('?' for _ in columns)})"
+                conn.connection.driver_connection.cursor().executemany(sql, rows)
+                return
+            sql = f"COPY {table.name} ({names}) FROM STDIN"
+            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(sql) as copy:
                 for row in rows:
                     copy.write_row(row)
+        except driver_error as e:
+            raise exc.DBAPIError.instance(sql, None, e, driver_error) from e
 
     @_translate_errors
     def load(self, experiment_id: int, *, after_step: int | None = None, first_task: int = 0) -> LoadedRows | None:
