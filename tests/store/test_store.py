@@ -12,7 +12,7 @@ from alembic.migration import MigrationContext
 
 from bots_client import ExperimentConfig
 from bots_server.errors import AlreadyExists
-from bots_server.store import BatchRow, StaleStep, StepEvent, Store
+from bots_server.store import BatchRow, LeaseConflict, StaleStep, StepEvent, Store
 from bots_server.store.schema import metadata
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -35,7 +35,7 @@ def test_migrations_create_exactly_the_declared_schema(store: Store) -> None:
 def test_migrate_is_idempotent(store: Store) -> None:
     store.migrate()
     with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one() == "0001"
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one() == "0002"
 
 
 def count_rows(store: Store) -> int:
@@ -50,7 +50,7 @@ def rows_per_report(store: Store, pool: int, batch: int) -> int:
     name = f"pool-{pool}"
     row = store.create_experiment(name, ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, [f"k{i}" for i in range(pool)], [{}] * pool)
-    store.insert_batch(row.id, BatchRow("b1", "r1", 0, list(range(batch)), NOW, NOW, None))
+    store.insert_batch(row.id, BatchRow("b1", "r1", 0, list(range(batch)), NOW, NOW, None), NOW)
     before = count_rows(store)
     event = StepEvent(1, "b1", pool, list(range(batch)), [1.0] * batch, [2] * batch, None, None)
     store.commit_report(row.id, 0, event, NOW)
@@ -67,8 +67,8 @@ def test_rows_written_per_report_do_not_grow_with_the_pool(store: Store) -> None
 def test_report_is_a_compare_and_set_on_the_step(store: Store) -> None:
     row = store.create_experiment("cas", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
-    store.insert_batch(row.id, BatchRow("b1", "r1", 0, [0], NOW, NOW, None))
-    store.insert_batch(row.id, BatchRow("b2", "r2", 0, [1], NOW, NOW, None))
+    store.insert_batch(row.id, BatchRow("b1", "r1", 0, [0], NOW, NOW, None), NOW)
+    store.insert_batch(row.id, BatchRow("b2", "r2", 0, [1], NOW, NOW, None), NOW)
     store.commit_report(row.id, 0, StepEvent(1, "b1", 2, [0], [1.0], [1], None, None), NOW)
     before = count_rows(store)
     with pytest.raises(StaleStep):  # a writer still at step 0 loses
@@ -91,8 +91,8 @@ def test_duplicate_keys_name_the_keys_and_write_nothing(store: Store) -> None:
 def test_request_key_race_returns_the_stored_batch(store: Store) -> None:
     row = store.create_experiment("race", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
-    first = store.insert_batch(row.id, BatchRow("b1", "same", 0, [0], NOW, NOW, None))
-    second = store.insert_batch(row.id, BatchRow("b2", "same", 0, [1], NOW, NOW, None))
+    first = store.insert_batch(row.id, BatchRow("b1", "same", 0, [0], NOW, NOW, None), NOW)
+    second = store.insert_batch(row.id, BatchRow("b2", "same", 0, [1], NOW, NOW, None), NOW)
     assert second == first
 
 
@@ -115,8 +115,22 @@ def test_delete_removes_every_row_of_the_experiment(store: Store) -> None:
     baseline = count_rows(store)
     gone = store.create_experiment("gone", ExperimentConfig(), NOW)
     store.add_tasks(gone.id, 0, ["a", "b"], [{}, {}])
-    store.insert_batch(gone.id, BatchRow("b1", "r1", 0, [0, 1], NOW, NOW, None))
+    store.insert_batch(gone.id, BatchRow("b1", "r1", 0, [0, 1], NOW, NOW, None), NOW)
     store.commit_report(gone.id, 0, StepEvent(1, "b1", 2, [0, 1], [1.0, 0.0], [1, 1], 0.5, 0.5), NOW)
     store.write_checkpoint(gone.id, 1, 0.5, [1.0, 2.0], [2.0, 1.0], NOW)
     assert store.delete_experiment(gone.id)
     assert count_rows(store) == baseline
+
+
+def test_insert_batch_checks_step_and_leases_under_the_lock(store: Store) -> None:
+    later = NOW + dt.timedelta(hours=1)
+    row = store.create_experiment("leases", ExperimentConfig(), NOW)
+    store.add_tasks(row.id, 0, ["a", "b", "c"], [{}, {}, {}])
+    store.insert_batch(row.id, BatchRow("b1", "r1", 0, [0, 1], NOW, later, None), NOW)
+    with pytest.raises(LeaseConflict):  # task 1 is leased by b1
+        store.insert_batch(row.id, BatchRow("b2", "r2", 0, [1, 2], NOW, later, None), NOW)
+    with pytest.raises(StaleStep):  # chosen at a step the experiment has left
+        store.insert_batch(row.id, BatchRow("b3", "r3", 7, [2], NOW, later, None), NOW)
+    # Once b1's lease has expired its tasks may be leased again.
+    after = later + dt.timedelta(seconds=1)
+    assert store.insert_batch(row.id, BatchRow("b4", "r4", 0, [1, 2], after, after, None), after).batch_id == "b4"

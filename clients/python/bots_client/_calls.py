@@ -11,12 +11,20 @@ import numpy as np
 
 from bots_client import _convert
 from bots_client._proto import bots_pb2 as pb
-from bots_client.types import Snapshot, Task
+from bots_client.types import ExperimentConfig, Snapshot, Task
 
 # Each AddTasks message stays far below gRPC's 4 MB default limit.
 ADD_TASKS_CHUNK_BYTES = 1 << 20
 
 OutcomeValue = tuple[float, int]
+
+# Reconnect quickly after a server restart (gRPC's default backoff grows to
+# 120 s, longer than a pod restart); retries are bounded by retry_timeout.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 
 
 def request_key(given: str | None) -> str:
@@ -48,10 +56,11 @@ def report_request(experiment: str, batch_id: str, outcomes: Mapping[str, Outcom
     )
 
 
-def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk]) -> Snapshot:
+def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: bool) -> Snapshot:
     keys: list[str] = []
     alpha: list[float] = []
     beta: list[float] = []
+    features: list[dict[str, float]] = []
     experiment = None
     for chunk in chunks:
         if chunk.HasField("experiment"):
@@ -59,9 +68,45 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk]) -> Snapshot:
         keys.extend(chunk.keys)
         alpha.extend(chunk.alpha)
         beta.extend(chunk.beta)
+        features.extend(dict(f.values) for f in chunk.features)
     if experiment is None:
         raise RuntimeError("snapshot stream ended without the experiment header")
-    return Snapshot(experiment, keys, np.asarray(alpha, dtype=np.float64), np.asarray(beta, dtype=np.float64))
+    return Snapshot(
+        experiment,
+        keys,
+        np.asarray(alpha, dtype=np.float64),
+        np.asarray(beta, dtype=np.float64),
+        features if include_features else None,
+    )
+
+
+def restore_chunks(
+    name: str, snapshot: Snapshot, config: ExperimentConfig | None, source: str, chunk_bytes: int = ADD_TASKS_CHUNK_BYTES
+) -> list[pb.RestoreExperimentRequest]:
+    """The RestoreExperiment stream for a snapshot taken with include_features=True."""
+    if snapshot.features is None:
+        raise ValueError("restoring needs the tasks' features: take the snapshot with include_features=True")
+    experiment = snapshot.experiment
+    first = pb.RestoreExperimentRequest(
+        name=name,
+        config=_convert.config_to_proto(config or experiment.config),
+        step=experiment.step,
+        source=source or experiment.name,
+    )
+    if experiment.capability is not None:
+        first.capability = experiment.capability
+    chunks, current, size = [first], first, 0
+    for key, a, b, f in zip(snapshot.keys, snapshot.alpha.tolist(), snapshot.beta.tolist(), snapshot.features):
+        task_size = len(key) + 24 + sum(len(n) + 16 for n in f)
+        if size and size + task_size > chunk_bytes:
+            current, size = pb.RestoreExperimentRequest(), 0
+            chunks.append(current)
+        current.keys.append(key)
+        current.alpha.append(a)
+        current.beta.append(b)
+        current.features.append(pb.Features(values=f))
+        size += task_size
+    return chunks
 
 
 def backoff(initial: float = 0.1, maximum: float = 2.0) -> Iterator[float]:

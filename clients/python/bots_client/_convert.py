@@ -88,6 +88,8 @@ def experiment_from_proto(message: pb.Experiment) -> Experiment:
         open_batches=message.open_batches,
         capability=message.capability if message.HasField("capability") else None,
         create_time=message.create_time.ToDatetime(tzinfo=dt.timezone.utc),
+        forked_from=message.forked_from or None,
+        forked_at_step=message.forked_at_step if message.forked_from else None,
     )
 
 
@@ -99,6 +101,8 @@ def experiment_to_proto(experiment: Experiment) -> pb.Experiment:
         num_tasks=experiment.num_tasks,
         open_batches=experiment.open_batches,
         create_time=timestamp(experiment.create_time),
+        forked_from=experiment.forked_from or "",
+        forked_at_step=experiment.forked_at_step or 0,
     )
     if experiment.capability is not None:
         message.capability = experiment.capability

@@ -37,9 +37,9 @@ class AsyncClient:
         self.retry_timeout = retry_timeout
         self._metadata = tuple(metadata)
         if credentials is None:
-            self._channel = grpc.aio.insecure_channel(target)
+            self._channel = grpc.aio.insecure_channel(target, options=_calls.CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.aio.secure_channel(target, credentials)
+            self._channel = grpc.aio.secure_channel(target, credentials, options=_calls.CHANNEL_OPTIONS)
         self._stub = pb_grpc.TaskSelectorStub(self._channel)
 
     async def close(self) -> None:
@@ -89,6 +89,26 @@ class AsyncClient:
         request = pb.DeleteExperimentRequest(name=name)
         await self._call(lambda t: self._stub.DeleteExperiment(request, timeout=t, metadata=self._metadata))
 
+    async def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None = None) -> Experiment:
+        """A new experiment with the source's tasks, posterior and step, and
+        its config unless `config` is given (e.g. to branch an ablation)."""
+        request = pb.ForkExperimentRequest(source=source, name=name)
+        if config is not None:
+            request.config.CopyFrom(_convert.config_to_proto(config))
+        response = await self._call(lambda t: self._stub.ForkExperiment(request, timeout=t, metadata=self._metadata))
+        return _convert.experiment_from_proto(response)
+
+    async def restore_experiment(
+        self, name: str, snapshot: Snapshot, config: ExperimentConfig | None = None, source: str = ""
+    ) -> Experiment:
+        """A new experiment from a snapshot (taken with include_features=True,
+        possibly from another server): same tasks, posterior and step."""
+        chunks = _calls.restore_chunks(name, snapshot, config, source)
+        response = await self._call(
+            lambda t: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=self._metadata), self.bulk_timeout
+        )
+        return _convert.experiment_from_proto(response)
+
     async def add_tasks(self, experiment: str, tasks: Iterable[Task]) -> int:
         chunks = _calls.task_chunks(experiment, tasks)
         response = await self._call(
@@ -110,11 +130,11 @@ class AsyncClient:
         response = await self._call(lambda t: self._stub.ReportOutcomes(request, timeout=t, metadata=self._metadata))
         return _convert.report_from_proto(response)
 
-    async def snapshot(self, experiment: str) -> Snapshot:
-        request = pb.SnapshotRequest(experiment=experiment)
+    async def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
+        request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
 
         async def fetch(t: float) -> Snapshot:
             chunks = [c async for c in self._stub.Snapshot(request, timeout=t, metadata=self._metadata)]
-            return _calls.snapshot_from_chunks(chunks)
+            return _calls.snapshot_from_chunks(chunks, include_features)
 
         return await self._call(fetch, self.bulk_timeout)

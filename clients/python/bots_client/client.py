@@ -43,9 +43,9 @@ class Client:
         self.retry_timeout = retry_timeout
         self._metadata = tuple(metadata)
         if credentials is None:
-            self._channel = grpc.insecure_channel(target)
+            self._channel = grpc.insecure_channel(target, options=_calls.CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.secure_channel(target, credentials)
+            self._channel = grpc.secure_channel(target, credentials, options=_calls.CHANNEL_OPTIONS)
         self._stub = pb_grpc.TaskSelectorStub(self._channel)
 
     def close(self) -> None:
@@ -94,6 +94,26 @@ class Client:
         request = pb.DeleteExperimentRequest(name=name)
         self._call(lambda t: self._stub.DeleteExperiment(request, timeout=t, metadata=self._metadata))
 
+    def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None = None) -> Experiment:
+        """A new experiment with the source's tasks, posterior and step, and
+        its config unless `config` is given (e.g. to branch an ablation)."""
+        request = pb.ForkExperimentRequest(source=source, name=name)
+        if config is not None:
+            request.config.CopyFrom(_convert.config_to_proto(config))
+        response = self._call(lambda t: self._stub.ForkExperiment(request, timeout=t, metadata=self._metadata))
+        return _convert.experiment_from_proto(response)
+
+    def restore_experiment(
+        self, name: str, snapshot: Snapshot, config: ExperimentConfig | None = None, source: str = ""
+    ) -> Experiment:
+        """A new experiment from a snapshot (taken with include_features=True,
+        possibly from another server): same tasks, posterior and step."""
+        chunks = _calls.restore_chunks(name, snapshot, config, source)
+        response = self._call(
+            lambda t: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=self._metadata), self.bulk_timeout
+        )
+        return _convert.experiment_from_proto(response)
+
     def add_tasks(self, experiment: str, tasks: Iterable[Task]) -> int:
         """Add tasks (streamed in chunks of about 1 MB; all or nothing).
         Returns the number of tasks in the experiment afterwards."""
@@ -120,10 +140,13 @@ class Client:
         response = self._call(lambda t: self._stub.ReportOutcomes(request, timeout=t, metadata=self._metadata))
         return _convert.report_from_proto(response)
 
-    def snapshot(self, experiment: str) -> Snapshot:
-        """Every task's posterior: keys, alpha and beta (float64), step and config."""
-        request = pb.SnapshotRequest(experiment=experiment)
+    def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
+        """Every task's posterior: keys, alpha and beta (float64), step and config;
+        with include_features, the tasks' features too (needed to restore)."""
+        request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
         return self._call(
-            lambda t: _calls.snapshot_from_chunks(self._stub.Snapshot(request, timeout=t, metadata=self._metadata)),
+            lambda t: _calls.snapshot_from_chunks(
+                self._stub.Snapshot(request, timeout=t, metadata=self._metadata), include_features
+            ),
             self.bulk_timeout,
         )

@@ -63,6 +63,8 @@ class Experiment:
     open_batches: int
     capability: float | None
     create_time: dt.datetime
+    forked_from: str | None = None  # set on forked or restored experiments
+    forked_at_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Snapshot:
     keys: list[str]
     alpha: np.ndarray
     beta: np.ndarray
+    features: list[dict[str, float]] | None = None  # with include_features=True
 
     @property
     def step(self) -> int:

@@ -29,8 +29,16 @@ from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import SelectorObserver
 from bots_server.engine import apply_outcomes, select, step_rng
 from bots_server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from bots_server.store import BatchRow, StaleStep, StepEvent, Store
-from bots_server.store.store import BatchAlreadyReported
+from bots_server.store import (
+    BatchAlreadyReported,
+    BatchRow,
+    ExperimentCopy,
+    ExperimentRow,
+    LeaseConflict,
+    StaleStep,
+    StepEvent,
+    Store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +62,22 @@ class SnapshotData:
     keys: list[str]
     alpha: list[float]
     beta: list[float]
+    features: list[dict[str, float]] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreData:
+    """A snapshot to start a new experiment from."""
+
+    name: str
+    config: ExperimentConfig
+    step: int
+    capability: float | None
+    source: str
+    keys: list[str]
+    alpha: list[float]
+    beta: list[float]
+    features: list[dict[str, float]]
 
 
 def _utcnow() -> dt.datetime:
@@ -95,15 +119,57 @@ class SelectorService:
         validation.config(config)
         row = await self._run(self.store.create_experiment, name, config, self._clock())
         log.info("experiment created", extra={"experiment": name, "config": dataclasses.asdict(config)})
-        return Experiment(row.name, row.config, 0, 0, 0, None, row.create_time)
+        return _summary(row, open_batches=0)
 
     async def get_experiment(self, name: str) -> Experiment:
         validation.experiment_name(name)
         row = await self._run(self.store.find_experiment, name)
         if row is None:
             raise NotFound(f"experiment {name!r} not found")
-        open_batches = await self._run(self.store.count_open_batches, row.id, self._clock())
-        return Experiment(row.name, row.config, row.step, row.num_tasks, open_batches, row.capability, row.create_time)
+        return _summary(row, await self._run(self.store.count_open_batches, row.id, self._clock()))
+
+    async def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None) -> Experiment:
+        """A new experiment with the source's tasks, current posterior and step."""
+        validation.experiment_name(source)
+        validation.experiment_name(name)
+        if config is not None:
+            validation.config(config)
+        async with self._lock(source):
+            live = await self._ready(source)
+            state = live.state
+            copy = ExperimentCopy(
+                name=name,
+                config=config or live.config,
+                step=live.step,
+                capability=live.capability,
+                alpha=await self._run(state.alpha.tolist),
+                beta=await self._run(state.beta.tolist),
+                forked_from=source,
+                source_id=live.id,
+            )
+            row = await self._run(self.store.create_copy, copy, self._clock())
+        log.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
+        return _summary(row, open_batches=0)
+
+    async def restore_experiment(self, data: RestoreData) -> Experiment:
+        """A new experiment from a snapshot: its tasks, posterior and step."""
+        validation.experiment_name(data.name)
+        validation.config(data.config)
+        await self._run(validation.snapshot, data.config, data.keys, data.alpha, data.beta, data.features, data.capability)
+        copy = ExperimentCopy(
+            name=data.name,
+            config=data.config,
+            step=data.step,
+            capability=data.capability,
+            alpha=data.alpha,
+            beta=data.beta,
+            forked_from=data.source or "snapshot",
+            keys=data.keys,
+            features=data.features,
+        )
+        row = await self._run(self.store.create_copy, copy, self._clock())
+        log.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
+        return _summary(row, open_batches=0)
 
     async def list_experiments(self, page_size: int, page_token: str) -> tuple[list[Experiment], str]:
         if page_size > MAX_PAGE_SIZE:
@@ -111,12 +177,7 @@ class SelectorService:
         limit = page_size or DEFAULT_PAGE_SIZE
         rows = await self._run(self.store.list_experiments, page_token, limit)
         now = self._clock()
-        result = []
-        for row in rows:
-            open_batches = await self._run(self.store.count_open_batches, row.id, now)
-            result.append(
-                Experiment(row.name, row.config, row.step, row.num_tasks, open_batches, row.capability, row.create_time)
-            )
+        result = [_summary(row, await self._run(self.store.count_open_batches, row.id, now)) for row in rows]
         next_token = rows[-1].name if len(rows) == limit else ""
         return result, next_token
 
@@ -174,23 +235,29 @@ class SelectorService:
                     return self._same_request(live, existing, batch_size)
             else:
                 request_key = uuid.uuid4().hex
-            now = self._clock()
-            leased = await self._run(self.store.leased_tasks, live.id, now)
-            chosen = await self._run(self._choose, live, leased, batch_size, request_key)
-            row = BatchRow(
-                batch_id=uuid.uuid4().hex,
-                request_key=request_key,
-                step=live.step,
-                task_idx=chosen,
-                create_time=now,
-                lease_expire_time=now + dt.timedelta(seconds=live.config.lease_ttl_seconds),
-                reported_step=None,
-            )
-            stored = await self._run(self.store.insert_batch, live.id, row)
-            if stored.batch_id != row.batch_id:  # a racing call with the same key won
-                return self._same_request(live, stored, batch_size)
-            self._notify(self.observer.batch_selected, name, batch_size, len(leased) + batch_size)
-            return self._batch(live, stored)
+            for _ in range(_MAX_WRITE_ATTEMPTS):
+                now = self._clock()
+                leased = await self._run(self.store.leased_tasks, live.id, now)
+                chosen = await self._run(self._choose, live, leased, batch_size, request_key)
+                row = BatchRow(
+                    batch_id=uuid.uuid4().hex,
+                    request_key=request_key,
+                    step=live.step,
+                    task_idx=chosen,
+                    create_time=now,
+                    lease_expire_time=now + dt.timedelta(seconds=live.config.lease_ttl_seconds),
+                    reported_step=None,
+                )
+                try:
+                    stored = await self._run(self.store.insert_batch, live.id, row, now)
+                except (StaleStep, LeaseConflict):  # another replica reported or leased meanwhile
+                    await self._catch_up(live)
+                    continue
+                if stored.batch_id != row.batch_id:  # a racing call with the same key won
+                    return self._same_request(live, stored, batch_size)
+                self._notify(self.observer.batch_selected, name, batch_size, len(leased) + batch_size)
+                return self._batch(live, stored)
+            raise _contended(name)
 
     @staticmethod
     def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_key: str) -> list[int]:
@@ -310,15 +377,19 @@ class SelectorService:
 
     # -- snapshot -------------------------------------------------------------------
 
-    async def snapshot(self, name: str) -> SnapshotData:
+    async def snapshot(self, name: str, include_features: bool = False) -> SnapshotData:
         validation.experiment_name(name)
         async with self._lock(name):
             live = await self._ready(name)
             state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
+        row = await self._run(self.store.find_experiment, name)
+        if row is None or row.id != live.id:
+            raise NotFound(f"experiment {name!r} not found")
         open_batches = await self._run(self.store.count_open_batches, live.id, self._clock())
-        experiment = Experiment(live.name, live.config, step, len(keys), open_batches, capability, live.create_time)
+        experiment = _summary(dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches)
         alpha, beta = await self._run(lambda: (state.alpha.tolist(), state.beta.tolist()))
-        return SnapshotData(experiment, keys, alpha, beta)
+        features = await self._run(self.store.load_features, live.id, len(keys)) if include_features else None
+        return SnapshotData(experiment, keys, alpha, beta, features)
 
     # -- loading and catching up ---------------------------------------------------------
 
@@ -427,6 +498,20 @@ class SelectorService:
         for live in list(self._live.values()):
             await self._checkpoint(live)
         self._executor.shutdown(wait=True)
+
+
+def _summary(row: ExperimentRow, open_batches: int) -> Experiment:
+    return Experiment(
+        name=row.name,
+        config=row.config,
+        step=row.step,
+        num_tasks=row.num_tasks,
+        open_batches=open_batches,
+        capability=row.capability,
+        create_time=row.create_time,
+        forked_from=row.forked_from,
+        forked_at_step=row.forked_at_step,
+    )
 
 
 def _log_hook_failure(future: Future[None]) -> None:

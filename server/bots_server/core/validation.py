@@ -122,3 +122,27 @@ def outcomes(batch_id: str, reported: Sequence[Outcome]) -> None:
             raise InvalidArgument(f"task {o.key!r}: trials = {o.trials} must be at least 1")
         if not math.isfinite(o.successes) or not 0.0 <= o.successes <= o.trials:
             raise InvalidArgument(f"task {o.key!r}: successes = {o.successes!r} is outside [0, trials = {o.trials}]")
+
+
+def snapshot(
+    cfg: ExperimentConfig,
+    keys: Sequence[str],
+    alpha: Sequence[float],
+    beta: Sequence[float],
+    features: Sequence[dict[str, float]],
+    capability: float | None,
+) -> None:
+    """A snapshot to restore: one entry per task everywhere, a valid posterior."""
+    if not (len(keys) == len(alpha) == len(beta) == len(features)):
+        raise InvalidArgument(
+            f"snapshot arrays differ in length: {len(keys)} keys, {len(alpha)} alpha, "
+            f"{len(beta)} beta, {len(features)} features"
+        )
+    if keys:
+        tasks(cfg, [Task(k, f) for k, f in zip(keys, features)])
+    for name, values in (("alpha", alpha), ("beta", beta)):
+        for key, value in zip(keys, values):
+            if not (math.isfinite(value) and value > 0):
+                raise InvalidArgument(f"snapshot {name} of task {key!r} = {value!r} must be a finite number > 0")
+    if capability is not None and not math.isfinite(capability):
+        raise InvalidArgument(f"snapshot capability = {capability!r} is not finite")

@@ -10,14 +10,15 @@ import grpc
 from bots_client import _convert
 from bots_client._proto import bots_pb2 as pb
 from bots_client._proto import bots_pb2_grpc as pb_grpc
-from bots_client.types import Outcome
-from bots_server.core.selector import SelectorService
+from bots_client.types import ExperimentConfig, Outcome
+from bots_server.core.selector import RestoreData, SelectorService, SnapshotData
 from bots_server.errors import InvalidArgument
 from bots_server.service.status import server_streaming, unary
 
 # Snapshot chunks stay well under gRPC's default 4 MB message limit.
 SNAPSHOT_CHUNK_BYTES = 1 << 20
 _PER_TASK_OVERHEAD = 24  # two doubles and framing
+_PER_FEATURE_OVERHEAD = 16  # a double and map-entry framing
 
 
 class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
@@ -28,11 +29,46 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
     async def CreateExperiment(
         self, request: pb.CreateExperimentRequest, context: grpc.aio.ServicerContext
     ) -> pb.Experiment:
-        try:
-            config = _convert.config_from_proto(request.config)
-        except ValueError as e:
-            raise InvalidArgument(str(e)) from e
+        config = _config(request.config)
         return _convert.experiment_to_proto(await self.selector.create_experiment(request.name, config))
+
+    @unary
+    async def ForkExperiment(self, request: pb.ForkExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
+        config = _config(request.config) if request.HasField("config") else None
+        return _convert.experiment_to_proto(await self.selector.fork_experiment(request.source, request.name, config))
+
+    @unary
+    async def RestoreExperiment(
+        self, request_iterator: AsyncIterator[pb.RestoreExperimentRequest], context: grpc.aio.ServicerContext
+    ) -> pb.Experiment:
+        first: pb.RestoreExperimentRequest | None = None
+        keys: list[str] = []
+        alpha: list[float] = []
+        beta: list[float] = []
+        features: list[dict[str, float]] = []
+        async for chunk in request_iterator:
+            if first is None:
+                first = chunk
+                if not chunk.name:
+                    raise InvalidArgument("RestoreExperiment: the first message must name the new experiment")
+            keys.extend(chunk.keys)
+            alpha.extend(chunk.alpha)
+            beta.extend(chunk.beta)
+            features.extend(dict(f.values) for f in chunk.features)
+        if first is None:
+            raise InvalidArgument("RestoreExperiment: empty stream")
+        data = RestoreData(
+            name=first.name,
+            config=_config(first.config),
+            step=first.step,
+            capability=first.capability if first.HasField("capability") else None,
+            source=first.source,
+            keys=keys,
+            alpha=alpha,
+            beta=beta,
+            features=features,
+        )
+        return _convert.experiment_to_proto(await self.selector.restore_experiment(data))
 
     @unary
     async def GetExperiment(self, request: pb.GetExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
@@ -90,22 +126,30 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
     async def Snapshot(
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SnapshotChunk]:
-        snap = await self.selector.snapshot(request.experiment)
-        alpha, beta = snap.alpha, snap.beta
+        snap = await self.selector.snapshot(request.experiment, request.include_features)
         chunk = pb.SnapshotChunk(experiment=_convert.experiment_to_proto(snap.experiment))
         start, size = 0, 0
         for i, key in enumerate(snap.keys):
             size += len(key) + _PER_TASK_OVERHEAD
+            if snap.features is not None:
+                size += sum(len(name) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
             if size >= SNAPSHOT_CHUNK_BYTES:
-                yield _fill(chunk, snap.keys, alpha, beta, start, i + 1)
+                yield _fill(chunk, snap, start, i + 1)
                 chunk, start, size = pb.SnapshotChunk(), i + 1, 0
-        yield _fill(chunk, snap.keys, alpha, beta, start, len(snap.keys))
+        yield _fill(chunk, snap, start, len(snap.keys))
 
 
-def _fill(
-    chunk: pb.SnapshotChunk, keys: list[str], alpha: list[float], beta: list[float], start: int, stop: int
-) -> pb.SnapshotChunk:
-    chunk.keys.extend(keys[start:stop])
-    chunk.alpha.extend(alpha[start:stop])
-    chunk.beta.extend(beta[start:stop])
+def _config(message: pb.ExperimentConfig) -> ExperimentConfig:
+    try:
+        return _convert.config_from_proto(message)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from e
+
+
+def _fill(chunk: pb.SnapshotChunk, snap: SnapshotData, start: int, stop: int) -> pb.SnapshotChunk:
+    chunk.keys.extend(snap.keys[start:stop])
+    chunk.alpha.extend(snap.alpha[start:stop])
+    chunk.beta.extend(snap.beta[start:stop])
+    if snap.features is not None:
+        chunk.features.extend(pb.Features(values=f) for f in snap.features[start:stop])
     return chunk

@@ -1,6 +1,18 @@
 """Persistence (SQLAlchemy Core; SQLite or PostgreSQL). No math here."""
 
-from bots_server.store.records import BatchRow, CheckpointRow, ExperimentRow, LoadedRows, StepEvent
-from bots_server.store.store import StaleStep, Store
+from bots_server.store.records import BatchRow, CheckpointRow, ExperimentCopy, ExperimentRow, LoadedRows, StepEvent
+from bots_server.store.store import BatchAlreadyReported, DatabaseInUse, LeaseConflict, StaleStep, Store
 
-__all__ = ["BatchRow", "CheckpointRow", "ExperimentRow", "LoadedRows", "StaleStep", "StepEvent", "Store"]
+__all__ = [
+    "BatchAlreadyReported",
+    "BatchRow",
+    "CheckpointRow",
+    "DatabaseInUse",
+    "ExperimentCopy",
+    "ExperimentRow",
+    "LeaseConflict",
+    "LoadedRows",
+    "StaleStep",
+    "StepEvent",
+    "Store",
+]

@@ -17,6 +17,8 @@ class ExperimentRow:
     num_tasks: int
     capability: float | None  # after the latest step
     create_time: dt.datetime
+    forked_from: str | None = None
+    forked_at_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,21 @@ class LoadedRows:
     features: list[dict[str, float]]
     checkpoint: CheckpointRow | None  # None when only reading what is new
     events: list[StepEvent]  # steps after the requested one, ascending
+
+
+@dataclass(frozen=True)
+class ExperimentCopy:
+    """Everything a forked or restored experiment starts from."""
+
+    name: str
+    config: ExperimentConfig
+    step: int
+    capability: float | None
+    alpha: list[float]
+    beta: list[float]
+    forked_from: str
+    # Tasks: either copied row by row from an experiment in this database
+    # (source_id, the first len(alpha) tasks) or given (keys and features).
+    source_id: int | None = None
+    keys: list[str] | None = None
+    features: list[dict[str, float]] | None = None

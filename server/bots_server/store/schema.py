@@ -55,6 +55,9 @@ experiments = Table(
     Column("step", BigInteger, nullable=False),
     Column("num_tasks", BigInteger, nullable=False),
     Column("create_time", DateTime(timezone=True), nullable=False),
+    # Set on experiments made by ForkExperiment / RestoreExperiment (revision 0002).
+    Column("forked_from", String(256), nullable=True),
+    Column("forked_at_step", BigInteger, nullable=True),
 )
 
 tasks = Table(

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import fcntl
 import functools
 import json
 import logging
+import os
 import pathlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeVar
+from typing import IO, Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from alembic import command
@@ -26,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from bots_client.types import ExperimentConfig
 from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import schema as t
-from bots_server.store.records import BatchRow, CheckpointRow, ExperimentRow, LoadedRows, StepEvent
+from bots_server.store.records import BatchRow, CheckpointRow, ExperimentCopy, ExperimentRow, LoadedRows, StepEvent
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +47,20 @@ class BatchAlreadyReported(Exception):
     """A concurrent report of the same batch committed first."""
 
 
+class LeaseConflict(Exception):
+    """Another writer leased some of the chosen tasks first: choose again."""
+
+
 def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except (exc.OperationalError, exc.InterfaceError, exc.TimeoutError) as e:
+            _count_error(args, e)
             raise Unavailable(f"database unavailable: {_first_line(e)}") from e
         except exc.DBAPIError as e:
+            _count_error(args, e)
             if e.connection_invalidated:
                 raise Unavailable(f"database connection lost: {_first_line(e)}") from e
             raise
@@ -60,8 +68,49 @@ def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def error_kind(e: exc.SQLAlchemyError) -> str:
+    """A small fixed set of kinds, for the database error counter's label."""
+    if isinstance(e, exc.TimeoutError):
+        return "timeout"  # no pooled connection free in time
+    if isinstance(e, exc.DBAPIError) and e.connection_invalidated:
+        return "connection_lost"
+    if isinstance(e, (exc.OperationalError, exc.InterfaceError)):
+        return "unavailable"
+    if isinstance(e, exc.IntegrityError):
+        return "integrity"
+    return "other"
+
+
+def _count_error(args: tuple[object, ...], e: exc.SQLAlchemyError) -> None:
+    on_error = getattr(args[0], "on_error", None) if args else None
+    if on_error is not None:
+        try:
+            on_error(error_kind(e))
+        except Exception:  # noqa: BLE001 - counting must never mask the database error
+            log.exception("database error callback failed")
+
+
 def _first_line(e: BaseException) -> str:
     return str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _lock_sqlite_file(database: str) -> IO[str]:
+    path = pathlib.Path(database).resolve()
+    lock = open(f"{path}.lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise DatabaseInUse(
+            f"SQLite database {path} is in use by another bots-server (pid {holder}); "
+            "SQLite allows one server per file: stop the other one, or use PostgreSQL for several replicas"
+        ) from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
 
 
 def _utc(value: dt.datetime) -> dt.datetime:
@@ -69,21 +118,56 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
 
 
+class DatabaseInUse(Exception):
+    """Another server process holds this SQLite file."""
+
+
 class Store:
-    def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, connect_timeout_s: int = 5) -> None:
+    """All SQL of the service.
+
+    `exclusive`: on SQLite, hold an advisory lock on FILE.lock for the store's
+    life, so a second server on the same file fails with a clear error instead
+    of two writers caching diverging state. `on_error(kind)` is called for every
+    database error a method raises (kinds: see error_kind); the server counts
+    them in a metric.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        exclusive: bool = False,
+        busy_timeout_ms: int = 10_000,
+        connect_timeout_s: int = 5,
+        statement_timeout_ms: int = 120_000,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.on_error = on_error
         self.url = sa.make_url(url)
         self.is_sqlite = self.url.get_backend_name() == "sqlite"
-        self.engine = self._create_engine(busy_timeout_ms, connect_timeout_s)
+        self._lock_file: IO[str] | None = None
+        if exclusive and self.is_sqlite and self.url.database not in (None, "", ":memory:"):
+            self._lock_file = _lock_sqlite_file(str(self.url.database))
+        self.engine = self._create_engine(busy_timeout_ms, connect_timeout_s, statement_timeout_ms)
 
-    def _create_engine(self, busy_timeout_ms: int, connect_timeout_s: int) -> Engine:
+    def _create_engine(self, busy_timeout_ms: int, connect_timeout_s: int, statement_timeout_ms: int) -> Engine:
         if not self.is_sqlite:
+            # Fail fast instead of hanging: bounded connect, statement and lock
+            # waits, and TCP keepalives to notice a database host that vanished.
             return sa.create_engine(
                 self.url,
                 pool_pre_ping=True,
                 pool_size=8,
                 max_overflow=8,
                 pool_timeout=connect_timeout_s,
-                connect_args={"connect_timeout": connect_timeout_s},
+                connect_args={
+                    "connect_timeout": connect_timeout_s,
+                    "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={statement_timeout_ms}",
+                    "keepalives": 1,
+                    "keepalives_idle": 10,
+                    "keepalives_interval": 5,
+                    "keepalives_count": 3,
+                },
             )
         engine = sa.create_engine(self.url, connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False})
 
@@ -122,6 +206,9 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the lock
+            self._lock_file = None
 
     # -- schema -----------------------------------------------------------
 
@@ -157,6 +244,56 @@ class Store:
         except exc.IntegrityError as e:
             raise AlreadyExists(f"experiment {name!r} already exists") from e
         return ExperimentRow(experiment_id, name, config, 0, 0, None, now)
+
+    @_translate_errors
+    def create_copy(self, copy: ExperimentCopy, now: dt.datetime) -> ExperimentRow:
+        """A new experiment starting at a given posterior and step, in one
+        transaction: its tasks, a checkpoint at that step, no events yet."""
+        values = {c: getattr(copy.config, c) for c in _CONFIG_COLUMNS}
+        n = len(copy.alpha)
+        try:
+            with self._write() as conn:
+                experiment_id = conn.execute(
+                    t.experiments.insert().values(
+                        name=copy.name,
+                        step=copy.step,
+                        num_tasks=n,
+                        create_time=now,
+                        forked_from=copy.forked_from,
+                        forked_at_step=copy.step,
+                        **values,
+                    )
+                ).inserted_primary_key[0]
+                if copy.source_id is not None:
+                    conn.execute(
+                        t.tasks.insert().from_select(
+                            ["experiment_id", "task_idx", "key", "features"],
+                            sa.select(sa.literal(experiment_id), t.tasks.c.task_idx, t.tasks.c.key, t.tasks.c.features)
+                            .where(t.tasks.c.experiment_id == copy.source_id, t.tasks.c.task_idx < n),
+                        )
+                    )
+                else:
+                    assert copy.keys is not None and copy.features is not None
+                    rows = ((experiment_id, i, k, json.dumps(f)) for i, (k, f) in enumerate(zip(copy.keys, copy.features)))
+                    self._bulk_insert(conn, t.tasks, ("experiment_id", "task_idx", "key", "features"), rows)
+                conn.execute(
+                    t.checkpoints.insert().values(
+                        experiment_id=experiment_id, step=copy.step, num_tasks=n, capability=copy.capability, create_time=now
+                    )
+                )
+                rows = ((experiment_id, i, a, b) for i, (a, b) in enumerate(zip(copy.alpha, copy.beta, strict=True)))
+                self._bulk_insert(conn, t.posteriors, ("experiment_id", "task_idx", "alpha", "beta"), rows)
+        except exc.IntegrityError as e:
+            if self._name_taken(copy.name):
+                raise AlreadyExists(f"experiment {copy.name!r} already exists") from e
+            raise
+        return ExperimentRow(
+            experiment_id, copy.name, copy.config, copy.step, n, copy.capability, now, copy.forked_from, copy.step
+        )
+
+    def _name_taken(self, name: str) -> bool:
+        with self._read() as conn:
+            return conn.execute(sa.select(t.experiments.c.id).where(t.experiments.c.name == name)).first() is not None
 
     @_translate_errors
     def find_experiment(self, name: str) -> ExperimentRow | None:
@@ -278,6 +415,17 @@ class Store:
             events = self._read_events(conn, experiment_id, after_step) if after_step < experiment.step else []
         return LoadedRows(experiment, keys, features, checkpoint, events)
 
+    @_translate_errors
+    def load_features(self, experiment_id: int, num_tasks: int) -> list[dict[str, float]]:
+        """The features of tasks 0..num_tasks-1, in task order."""
+        query = (
+            sa.select(t.tasks.c.features)
+            .where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.task_idx < num_tasks)
+            .order_by(t.tasks.c.task_idx)
+        )
+        with self._read() as conn:
+            return [json.loads(f) for f in conn.execute(query).scalars()]
+
     def _read_checkpoint(self, conn: Connection, experiment_id: int) -> CheckpointRow:
         meta = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
         rows = conn.execute(
@@ -376,51 +524,54 @@ class Store:
     @_translate_errors
     def leased_tasks(self, experiment_id: int, now: dt.datetime) -> list[int]:
         """Tasks in open batches: not reported, lease not expired."""
-        query = (
-            sa.select(t.batch_tasks.c.task_idx)
-            .join(
-                t.batches,
-                sa.and_(
-                    t.batches.c.experiment_id == t.batch_tasks.c.experiment_id,
-                    t.batches.c.batch_id == t.batch_tasks.c.batch_id,
-                ),
-            )
-            .where(_open_batch(experiment_id, now))
-        )
         with self._read() as conn:
-            return list(conn.execute(query).scalars())
+            return list(conn.execute(_leased_tasks(experiment_id, now)).scalars())
 
     @_translate_errors
-    def insert_batch(self, experiment_id: int, batch: BatchRow) -> BatchRow:
-        """Store a selected batch; if a racing call stored one under the same
-        request key first, return that one instead."""
-        try:
-            with self._write() as conn:
-                conn.execute(
-                    t.batches.insert().values(
-                        experiment_id=experiment_id,
-                        batch_id=batch.batch_id,
-                        request_key=batch.request_key,
-                        step=batch.step,
-                        batch_size=len(batch.task_idx),
-                        create_time=batch.create_time,
-                        lease_expire_time=batch.lease_expire_time,
-                        reported_step=None,
-                    )
+    def insert_batch(self, experiment_id: int, batch: BatchRow, now: dt.datetime) -> BatchRow:
+        """Store a batch chosen at step `batch.step`, atomically with its checks.
+
+        The experiment row is locked (serializing selects and reports across
+        replicas); if the step moved on, StaleStep; if a task was leased by
+        another batch meanwhile, LeaseConflict. If a batch with the same
+        request key exists (a racing call), that one is returned instead.
+        """
+        with self._write() as conn:
+            step = conn.execute(self._lock_experiment(experiment_id)).scalar_one_or_none()
+            existing = self._find_batch(conn, experiment_id, t.batches.c.request_key == batch.request_key)
+            if existing is not None:
+                return existing
+            if step != batch.step:
+                raise StaleStep()
+            chosen = set(batch.task_idx)
+            if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
+                raise LeaseConflict()
+            conn.execute(
+                t.batches.insert().values(
+                    experiment_id=experiment_id,
+                    batch_id=batch.batch_id,
+                    request_key=batch.request_key,
+                    step=batch.step,
+                    batch_size=len(batch.task_idx),
+                    create_time=batch.create_time,
+                    lease_expire_time=batch.lease_expire_time,
+                    reported_step=None,
                 )
-                conn.execute(
-                    t.batch_tasks.insert(),
-                    [
-                        {"experiment_id": experiment_id, "batch_id": batch.batch_id, "position": i, "task_idx": idx}
-                        for i, idx in enumerate(batch.task_idx)
-                    ],
-                )
-        except exc.IntegrityError:
-            existing = self.find_batch(experiment_id, request_key=batch.request_key)
-            if existing is None:
-                raise
-            return existing
+            )
+            conn.execute(
+                t.batch_tasks.insert(),
+                [
+                    {"experiment_id": experiment_id, "batch_id": batch.batch_id, "position": i, "task_idx": idx}
+                    for i, idx in enumerate(batch.task_idx)
+                ],
+            )
         return batch
+
+    def _lock_experiment(self, experiment_id: int) -> sa.Select[Any]:
+        """SELECT the step, locking the row on PostgreSQL (SQLite's BEGIN
+        IMMEDIATE already holds the database's single write lock)."""
+        query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
+        return query if self.is_sqlite else query.with_for_update()
 
     @_translate_errors
     def commit_report(self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime) -> None:
@@ -475,6 +626,20 @@ _EXPERIMENTS = sa.select(t.experiments, t.steps.c.capability).outerjoin(
 )
 
 
+def _leased_tasks(experiment_id: int, now: dt.datetime) -> sa.Select[Any]:
+    return (
+        sa.select(t.batch_tasks.c.task_idx)
+        .join(
+            t.batches,
+            sa.and_(
+                t.batches.c.experiment_id == t.batch_tasks.c.experiment_id,
+                t.batches.c.batch_id == t.batch_tasks.c.batch_id,
+            ),
+        )
+        .where(_open_batch(experiment_id, now))
+    )
+
+
 def _open_batch(experiment_id: int, now: dt.datetime) -> Any:
     return sa.and_(
         t.batches.c.experiment_id == experiment_id,
@@ -485,7 +650,17 @@ def _open_batch(experiment_id: int, now: dt.datetime) -> Any:
 
 def _experiment_row(row: Any) -> ExperimentRow:
     config = ExperimentConfig(**{c: getattr(row, c) for c in _CONFIG_COLUMNS})
-    return ExperimentRow(row.id, row.name, config, row.step, row.num_tasks, row.capability, _utc(row.create_time))
+    return ExperimentRow(
+        row.id,
+        row.name,
+        config,
+        row.step,
+        row.num_tasks,
+        row.capability,
+        _utc(row.create_time),
+        row.forked_from,
+        row.forked_at_step,
+    )
 
 
 def _step_event(step_row: Any, outcome_rows: list[Any]) -> StepEvent:

@@ -66,7 +66,7 @@ class ExperimentConfig(_message.Message):
     def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., target_success: _Optional[float] = ..., forgetting: _Optional[float] = ..., implicit_weight: _Optional[float] = ..., rollouts_per_task: _Optional[int] = ..., selection_mode: _Optional[_Union[SelectionMode, str]] = ..., temperature: _Optional[float] = ..., weak_feature: _Optional[str] = ..., strong_feature: _Optional[str] = ..., prior_alpha: _Optional[float] = ..., prior_beta: _Optional[float] = ..., seed: _Optional[int] = ..., lease_ttl_seconds: _Optional[float] = ..., capability_ema: _Optional[float] = ...) -> None: ...
 
 class Experiment(_message.Message):
-    __slots__ = ("name", "config", "step", "num_tasks", "open_batches", "capability", "create_time")
+    __slots__ = ("name", "config", "step", "num_tasks", "open_batches", "capability", "create_time", "forked_from", "forked_at_step")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,8 @@ class Experiment(_message.Message):
     OPEN_BATCHES_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_FIELD_NUMBER: _ClassVar[int]
+    FORKED_AT_STEP_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: ExperimentConfig
     step: int
@@ -81,7 +83,9 @@ class Experiment(_message.Message):
     open_batches: int
     capability: float
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., num_tasks: _Optional[int] = ..., open_batches: _Optional[int] = ..., capability: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    forked_from: str
+    forked_at_step: int
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., num_tasks: _Optional[int] = ..., open_batches: _Optional[int] = ..., capability: _Optional[float] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., forked_from: _Optional[str] = ..., forked_at_step: _Optional[int] = ...) -> None: ...
 
 class CreateExperimentRequest(_message.Message):
     __slots__ = ("name", "config")
@@ -122,6 +126,51 @@ class DeleteExperimentRequest(_message.Message):
 class DeleteExperimentResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ForkExperimentRequest(_message.Message):
+    __slots__ = ("source", "name", "config")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    name: str
+    config: ExperimentConfig
+    def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ...) -> None: ...
+
+class RestoreExperimentRequest(_message.Message):
+    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    config: ExperimentConfig
+    step: int
+    capability: float
+    source: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    alpha: _containers.RepeatedScalarFieldContainer[float]
+    beta: _containers.RepeatedScalarFieldContainer[float]
+    features: _containers.RepeatedCompositeFieldContainer[Features]
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ...) -> None: ...
+
+class Features(_message.Message):
+    __slots__ = ("values",)
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.ScalarMap[str, float]
+    def __init__(self, values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("key", "features")
@@ -209,19 +258,23 @@ class ReportOutcomesResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., capability: _Optional[float] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
-    __slots__ = ("experiment",)
+    __slots__ = ("experiment", "include_features")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FEATURES_FIELD_NUMBER: _ClassVar[int]
     experiment: str
-    def __init__(self, experiment: _Optional[str] = ...) -> None: ...
+    include_features: bool
+    def __init__(self, experiment: _Optional[str] = ..., include_features: _Optional[bool] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("experiment", "keys", "alpha", "beta")
+    __slots__ = ("experiment", "keys", "alpha", "beta", "features")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     experiment: Experiment
     keys: _containers.RepeatedScalarFieldContainer[str]
     alpha: _containers.RepeatedScalarFieldContainer[float]
     beta: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ...) -> None: ...
+    features: _containers.RepeatedCompositeFieldContainer[Features]
+    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ...) -> None: ...

@@ -55,6 +55,16 @@ class TaskSelectorStub:
                 request_serializer=bots_dot_v1_dot_bots__pb2.DeleteExperimentRequest.SerializeToString,
                 response_deserializer=bots_dot_v1_dot_bots__pb2.DeleteExperimentResponse.FromString,
                 _registered_method=True)
+        self.ForkExperiment = channel.unary_unary(
+                '/bots.v1.TaskSelector/ForkExperiment',
+                request_serializer=bots_dot_v1_dot_bots__pb2.ForkExperimentRequest.SerializeToString,
+                response_deserializer=bots_dot_v1_dot_bots__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.RestoreExperiment = channel.stream_unary(
+                '/bots.v1.TaskSelector/RestoreExperiment',
+                request_serializer=bots_dot_v1_dot_bots__pb2.RestoreExperimentRequest.SerializeToString,
+                response_deserializer=bots_dot_v1_dot_bots__pb2.Experiment.FromString,
+                _registered_method=True)
         self.AddTasks = channel.stream_unary(
                 '/bots.v1.TaskSelector/AddTasks',
                 request_serializer=bots_dot_v1_dot_bots__pb2.AddTasksRequest.SerializeToString,
@@ -100,6 +110,23 @@ class TaskSelectorServicer:
 
     def DeleteExperiment(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkExperiment(self, request, context):
+        """A new experiment with the source's tasks, posterior and step (and its
+        config, unless one is given): branch an ablation from a running experiment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreExperiment(self, request_iterator, context):
+        """Client-streaming: a new experiment from a snapshot (e.g. taken from
+        another server): the first message carries the name, config, step and
+        capability, every message a chunk of tasks with their posterior.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -154,6 +181,16 @@ def add_TaskSelectorServicer_to_server(servicer, server):
                     servicer.DeleteExperiment,
                     request_deserializer=bots_dot_v1_dot_bots__pb2.DeleteExperimentRequest.FromString,
                     response_serializer=bots_dot_v1_dot_bots__pb2.DeleteExperimentResponse.SerializeToString,
+            ),
+            'ForkExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkExperiment,
+                    request_deserializer=bots_dot_v1_dot_bots__pb2.ForkExperimentRequest.FromString,
+                    response_serializer=bots_dot_v1_dot_bots__pb2.Experiment.SerializeToString,
+            ),
+            'RestoreExperiment': grpc.stream_unary_rpc_method_handler(
+                    servicer.RestoreExperiment,
+                    request_deserializer=bots_dot_v1_dot_bots__pb2.RestoreExperimentRequest.FromString,
+                    response_serializer=bots_dot_v1_dot_bots__pb2.Experiment.SerializeToString,
             ),
             'AddTasks': grpc.stream_unary_rpc_method_handler(
                     servicer.AddTasks,
@@ -284,6 +321,60 @@ class TaskSelector:
             '/bots.v1.TaskSelector/DeleteExperiment',
             bots_dot_v1_dot_bots__pb2.DeleteExperimentRequest.SerializeToString,
             bots_dot_v1_dot_bots__pb2.DeleteExperimentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bots.v1.TaskSelector/ForkExperiment',
+            bots_dot_v1_dot_bots__pb2.ForkExperimentRequest.SerializeToString,
+            bots_dot_v1_dot_bots__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreExperiment(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/bots.v1.TaskSelector/RestoreExperiment',
+            bots_dot_v1_dot_bots__pb2.RestoreExperimentRequest.SerializeToString,
+            bots_dot_v1_dot_bots__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,

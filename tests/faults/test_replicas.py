@@ -1,0 +1,114 @@
+"""Several server processes on one PostgreSQL: clients spread across them get
+the results of a single server. Writes are serialized by the database (the
+experiment row lock and the step compare-and-set), never by process memory."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import bots_client
+from tests.support.crash import outcome, setup
+from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, require_postgres
+
+
+@pytest.fixture
+def databases() -> Iterator[tuple[str, str]]:
+    require_postgres()
+    urls = create_pg_database("bots_replicas"), create_pg_database("bots_replicas")
+    yield urls
+    for url in urls:
+        drop_pg_database(url)
+
+
+def snapshot_bits(client: bots_client.Client, name: str) -> tuple[object, ...]:
+    snap = client.snapshot(name)
+    return snap.step, snap.experiment.capability, snap.alpha.tobytes(), snap.beta.tobytes()
+
+
+def test_calls_spread_over_replicas_match_a_single_server(databases: tuple[str, str]) -> None:
+    shared_db, single_db = databases
+    replicas = [ServerProcess(shared_db).start() for _ in range(3)]
+    single = ServerProcess(single_db).start()
+    try:
+        clients = [bots_client.Client(r.address) for r in replicas]
+        reference = bots_client.Client(single.address)
+        setup(clients[0], "run", pool=200)
+        setup(reference, "run", pool=200)
+        rotation = itertools.cycle(clients)
+        for step in range(12):
+            # Each call goes to the next replica: select on one, report on another.
+            batch = next(rotation).select_batch("run", 16, request_key=f"step-{step}")
+            assert next(rotation).select_batch("run", 16, request_key=f"step-{step}") == batch
+            next(rotation).report_outcomes("run", batch.batch_id, {k: outcome(k, step) for k in batch.keys})
+            expected = reference.select_batch("run", 16, request_key=f"step-{step}")
+            reference.report_outcomes("run", expected.batch_id, {k: outcome(k, step) for k in expected.keys})
+            assert batch.keys == expected.keys
+        final = snapshot_bits(reference, "run")
+        assert all(snapshot_bits(c, "run") == final for c in clients)
+    finally:
+        for process in [*replicas, single]:
+            process.stop()
+
+
+def test_concurrent_writers_on_two_replicas_never_double_apply(databases: tuple[str, str]) -> None:
+    shared_db, _ = databases
+    replicas = [ServerProcess(shared_db).start() for _ in range(2)]
+    try:
+        clients = [bots_client.Client(r.address) for r in replicas]
+        setup(clients[0], "race", pool=400)
+        barrier = threading.Barrier(2)
+        batches: list[bots_client.Batch] = [None, None]  # type: ignore[list-item]
+
+        def select(i: int) -> None:
+            barrier.wait()
+            batches[i] = clients[i].select_batch("race", 150, request_key=f"rank-{i}")
+
+        run_both(select)
+        assert not set(batches[0].keys) & set(batches[1].keys)  # leases hold across replicas
+
+        results: list[bots_client.ReportResult] = [None, None]  # type: ignore[list-item]
+
+        def report(i: int) -> None:
+            barrier.wait()
+            results[i] = clients[i].report_outcomes("race", batches[i].batch_id, {k: (3, 16) for k in batches[i].keys})
+
+        run_both(report)
+        assert sorted(r.step for r in results) == [1, 2]
+
+        # The same batch reported through both replicas at once: applied once.
+        again = clients[0].select_batch("race", 50, request_key="shared")
+
+        def report_same(i: int) -> None:
+            barrier.wait()
+            results[i] = clients[i].report_outcomes("race", again.batch_id, {k: (5, 16) for k in again.keys})
+
+        run_both(report_same)
+        assert sorted(r.duplicate for r in results) == [False, True]
+        assert {r.step for r in results} == {3}
+        assert snapshot_bits(clients[0], "race") == snapshot_bits(clients[1], "race")
+        assert clients[1].get_experiment("race").step == 3
+    finally:
+        for process in replicas:
+            process.stop()
+
+
+def run_both(fn) -> None:  # type: ignore[no-untyped-def]
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            fn(i)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]

@@ -1,0 +1,93 @@
+"""Upgrading from every earlier schema revision keeps the data and serves it,
+on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+import sqlalchemy as sa
+from alembic.script import ScriptDirectory
+
+import bots_client
+from bots_server.store import Store
+from bots_server.store.store import _MIGRATIONS
+from tests.support.servers import ServerProcess
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+REVISIONS = [r.revision for r in reversed(list(ScriptDirectory(str(_MIGRATIONS)).walk_revisions()))]
+
+# The seeded event: task 0 reported 4 of 16 at step 2, every task has
+# reference pass rates w = 0.1, s = 0.6, the checkpoint's capability is 0.5.
+C_HAT = (0.25 - 0.1) / (0.6 - 0.1 + 1e-6)
+CAPABILITY = 0.9 * 0.5 + 0.1 * C_HAT
+
+
+def seed_experiment(store: Store) -> None:
+    """An experiment with 3 tasks, a checkpoint at step 1 and an event at step
+    2, written with the columns of the revision the database is at."""
+    tables = sa.MetaData()
+    tables.reflect(store.engine)
+    t = tables.tables
+    with store.engine.begin() as conn:
+        conn.execute(
+            t["experiments"].insert().values(
+                id=1, name="old", strategy="bots", target_success=0.5, forgetting=0.1, implicit_weight=0.1,
+                rollouts_per_task=16, selection_mode="thompson", temperature=1.0, weak_feature="w", strong_feature="s",
+                prior_alpha=1.0, prior_beta=1.0, seed=0, lease_ttl_seconds=3600.0, capability_ema=0.9,
+                step=2, num_tasks=3, create_time=NOW,
+            )
+        )  # fmt: skip
+        conn.execute(
+            t["tasks"].insert(),
+            [{"experiment_id": 1, "task_idx": i, "key": f"k{i}", "features": json.dumps({"w": 0.1, "s": 0.6})} for i in range(3)],
+        )
+        conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, capability=0.5, create_time=NOW))
+        conn.execute(
+            t["posteriors"].insert(),
+            [{"experiment_id": 1, "task_idx": i, "alpha": 2.0 + i, "beta": 3.0} for i in range(3)],
+        )
+        conn.execute(t["steps"].insert().values(experiment_id=1, step=2, batch_id="b2", pool_size=3, capability=CAPABILITY, capability_estimate=C_HAT, create_time=NOW))
+        conn.execute(t["outcomes"].insert().values(experiment_id=1, step=2, task_idx=0, successes=4.0, trials=16))
+        conn.execute(
+            t["batches"].insert().values(
+                experiment_id=1, batch_id="b2", request_key="step-1", step=1, batch_size=1,
+                create_time=NOW, lease_expire_time=NOW, reported_step=2,
+            )
+        )  # fmt: skip
+        conn.execute(t["batch_tasks"].insert().values(experiment_id=1, batch_id="b2", position=0, task_idx=0))
+
+
+def test_revisions_are_a_single_line_ending_at_head() -> None:
+    assert REVISIONS[0] == "0001"
+    assert len(REVISIONS) >= 2
+
+
+@pytest.mark.parametrize("start", REVISIONS[:-1])
+def test_upgrade_from_every_earlier_revision(fresh_db_url: str, start: str) -> None:
+    store = Store(fresh_db_url)
+    store.migrate(start)
+    seed_experiment(store)
+    store.migrate()  # to head
+    store.close()
+
+    server = ServerProcess(fresh_db_url).start()
+    try:
+        with bots_client.Client(server.address) as client:
+            experiment = client.get_experiment("old")
+            assert (experiment.step, experiment.num_tasks, experiment.capability) == (2, 3, CAPABILITY)
+            snap = client.snapshot("old")
+            assert snap.keys == ["k0", "k1", "k2"]
+            # Checkpoint at step 1 plus the replayed step 2 (lambda 0.1, rho 0.1, m 16).
+            p = 0.1 + 0.5 * CAPABILITY
+            expected_alpha = [0.9 * 2.0 + 0.1 + 0.9 * 4.0 + 1.6 * 0.25, 0.9 * 3.0 + 0.1 + 1.6 * p, 0.9 * 4.0 + 0.1 + 1.6 * p]
+            expected_beta = [0.9 * 3.0 + 0.1 + 0.9 * 12.0 + 1.6 * 0.75] + [0.9 * 3.0 + 0.1 + 1.6 * (1 - p)] * 2
+            assert snap.alpha.tolist() == pytest.approx(expected_alpha, rel=1e-12)
+            assert snap.beta.tolist() == pytest.approx(expected_beta, rel=1e-12)
+            assert snap.experiment.capability == pytest.approx(CAPABILITY, rel=1e-12)
+            assert client.report_outcomes("old", "b2", {"k0": (4, 16)}).duplicate
+            batch = client.select_batch("old", 2, request_key="step-2")
+            assert client.report_outcomes("old", batch.batch_id, {k: (8, 16) for k in batch.keys}).step == 3
+    finally:
+        server.stop()
