@@ -404,8 +404,11 @@ class SelectorService:
         up with whatever other replicas committed. Call under its lock."""
         live = self._live.get(name)
         if live is not None:
-            await self._catch_up(live)
-            return live
+            try:
+                await self._catch_up(live)
+                return live
+            except NotFound:
+                pass  # deleted elsewhere; the name may have been reused: look it up again
         row = await self._run(self.store.find_experiment, name)
         if row is None:
             self._locks.pop(name, None)
