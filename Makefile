@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test proto bench clean
+.PHONY: serve test tools proto bench clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,24 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml
 serve: $(STAMP)
 	$(BIN)/bots-server serve
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# promtool and prometheus, for the operations tests (tests/ops): Debian's
+# `prometheus` package, installed only when missing and only as root
+# (RUNLEVEL=1: do not start the packaged daemon). Without them those tests
+# skip, except under CI, where they fail. kubectl (for `kubectl kustomize`)
+# must already be on PATH: Debian's is too old for kustomize components.
+tools:
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's prometheus package (promtool, prometheus)"; \
+	    apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else \
+	    echo "promtool/prometheus not found: install Debian's prometheus package to run all of tests/ops"; \
+	  fi; \
+	fi
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

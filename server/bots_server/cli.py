@@ -1,7 +1,7 @@
 """`bots-server`: run the service, migrate the schema, and small ops commands.
 
     bots-server serve [--db URL] [--listen HOST:PORT] ...
-    bots-server migrate [--db URL]
+    bots-server migrate [--db URL] [--wait-seconds S] [--check]
     bots-server experiments list [--server HOST:PORT]
     bots-server experiments show NAME [--server HOST:PORT]
     bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT]
@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from typing import IO
 
 import bots_client
@@ -35,7 +36,34 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    Store(args.db).migrate()
+    """Upgrade the schema (or with --check only compare it), waiting up to
+    --wait-seconds for the database: in Kubernetes the migrate job or init
+    container may start before PostgreSQL accepts connections."""
+    from bots_server.errors import Unavailable
+    from bots_server.service.server import migrate_schema, schema_is_current
+
+    logs.configure("INFO", args.log_format)
+    store = Store(args.db)
+    deadline = time.monotonic() + args.wait_seconds
+    try:
+        while True:
+            try:
+                if args.check:
+                    current, revisions, heads = schema_is_current(store)
+                    if not current:
+                        print(f"schema is at {revisions or 'nothing (empty database)'}; the code needs {heads}")
+                        return 3
+                else:
+                    migrate_schema(store)
+                break
+            except Unavailable as e:
+                if time.monotonic() >= deadline:
+                    print(f"error: {e}", file=sys.stderr)
+                    return 1
+                print(f"waiting for the database: {e}", file=sys.stderr)
+                time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+    finally:
+        store.close()
     print("schema is at the latest revision")
     return 0
 
@@ -95,6 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
     migrate.add_argument("--db", default=os.environ.get("BOTS_DB", "sqlite:///bots.db"), help="database URL (env BOTS_DB)")
+    migrate.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=float(os.environ.get("BOTS_MIGRATE_WAIT_SECONDS", "0")),
+        help="retry while the database is unreachable, up to this long (env BOTS_MIGRATE_WAIT_SECONDS; default 0)",
+    )
+    migrate.add_argument(
+        "--check", action="store_true", help="change nothing; exit 3 if the schema is not at the latest revision"
+    )
+    migrate.add_argument(
+        "--log-format", choices=("text", "json"), default=os.environ.get("BOTS_LOG_FORMAT", "text"),
+        help="text or json (env BOTS_LOG_FORMAT)",
+    )  # fmt: skip
     migrate.set_defaults(run=_migrate)
 
     server_default = os.environ.get("BOTS_SERVER", DEFAULT_SERVER)

@@ -1,4 +1,8 @@
-"""Server settings: command-line flags, each with an environment variable."""
+"""Server settings: command-line flags, each with an environment variable.
+
+Secrets (the bearer tokens) are read from the environment or a file only,
+never from a flag: flags show up in `ps` and in the pod spec.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,23 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Setting:
-    flag: str
+    flag: str  # "" for settings read from the environment only
     env: str
     default: str
     help: str
 
 
 SETTINGS = (
-    Setting("--db", "BOTS_DB", "sqlite:///bots.db", "database URL: sqlite:///FILE or postgresql+psycopg://USER@HOST/DB"),
+    Setting(
+        "--db", "BOTS_DB", "sqlite:///bots.db", "database URL: sqlite:///FILE or postgresql+psycopg://USER@HOST/DB"
+    ),
     Setting("--listen", "BOTS_LISTEN", "127.0.0.1:50051", "gRPC address to listen on"),
+    Setting(
+        "--metrics-listen",
+        "BOTS_METRICS_LISTEN",
+        "127.0.0.1:9090",
+        "HOST:PORT of the Prometheus /metrics HTTP endpoint; empty: no endpoint",
+    ),
     Setting("--checkpoint-every-steps", "BOTS_CHECKPOINT_EVERY_STEPS", "100", "write a checkpoint every N steps"),
     Setting("--checkpoint-every-seconds", "BOTS_CHECKPOINT_EVERY_SECONDS", "60", "and at least every T seconds"),
     Setting("--grace-seconds", "BOTS_GRACE_SECONDS", "20", "on SIGTERM, how long in-flight calls may finish"),
@@ -25,6 +37,22 @@ SETTINGS = (
     Setting("--log-level", "BOTS_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("--log-format", "BOTS_LOG_FORMAT", "text", "text or json (one JSON object per line)"),
     Setting("--migrate", "BOTS_MIGRATE", "true", "upgrade the schema on start (true/false)"),
+    Setting(
+        "--auth-tokens-file",
+        "BOTS_AUTH_TOKENS_FILE",
+        "",
+        "file of bearer tokens, one per line; callers must send one (health and reflection stay open)",
+    ),
+)
+
+# Read from the environment only (see the module docstring).
+ENV_ONLY = (
+    Setting(
+        "",
+        "BOTS_AUTH_TOKENS",
+        "",
+        "comma-separated bearer tokens; with BOTS_AUTH_TOKENS_FILE, the union; none: no authentication",
+    ),
 )
 
 
@@ -32,6 +60,7 @@ SETTINGS = (
 class ServerSettings:
     db: str = "sqlite:///bots.db"
     listen: str = "127.0.0.1:50051"
+    metrics_listen: str = "127.0.0.1:9090"
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 60.0
     grace_seconds: float = 20.0
@@ -39,12 +68,33 @@ class ServerSettings:
     log_level: str = "INFO"
     log_format: str = "text"
     migrate: bool = True
+    auth_tokens: frozenset[str] = frozenset()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         default = os.environ.get(s.env, s.default)
-        parser.add_argument(s.flag, default=default, help=f"{s.help} (env {s.env}; default {s.default})")
+        parser.add_argument(s.flag, default=default, help=f"{s.help} (env {s.env}; default {s.default!r})")
+
+
+def split_host_port(address: str, what: str) -> tuple[str, int]:
+    """'HOST:PORT', '[V6]:PORT' or ':PORT' (all interfaces) -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise SystemExit(f"{what} = {address!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def auth_tokens(env_value: str, file: str) -> frozenset[str]:
+    tokens = {t.strip() for t in env_value.split(",")}
+    if file:
+        try:
+            with open(file, encoding="utf-8") as f:
+                tokens |= {line.strip() for line in f if not line.lstrip().startswith("#")}
+        except OSError as e:
+            raise SystemExit(f"--auth-tokens-file / BOTS_AUTH_TOKENS_FILE = {file!r}: {e.strerror}") from e
+    tokens.discard("")
+    return frozenset(tokens)
 
 
 def from_args(args: argparse.Namespace) -> ServerSettings:
@@ -53,10 +103,16 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit(f"--migrate / BOTS_MIGRATE = {args.migrate!r}: expected true or false")
     if args.log_format not in ("text", "json"):
         raise SystemExit(f"--log-format / BOTS_LOG_FORMAT = {args.log_format!r}: expected text or json")
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise SystemExit(f"--log-level / BOTS_LOG_LEVEL = {args.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
+    metrics_listen = args.metrics_listen.strip()
+    if metrics_listen:
+        split_host_port(metrics_listen, "--metrics-listen / BOTS_METRICS_LISTEN")
     try:
         return ServerSettings(
             db=args.db,
             listen=args.listen,
+            metrics_listen=metrics_listen,
             checkpoint_every_steps=int(args.checkpoint_every_steps),
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
             grace_seconds=float(args.grace_seconds),
@@ -64,6 +120,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             log_level=args.log_level.upper(),
             log_format=args.log_format,
             migrate=migrate in ("true", "1", "yes"),
+            auth_tokens=auth_tokens(os.environ.get("BOTS_AUTH_TOKENS", ""), args.auth_tokens_file),
         )
     except ValueError as e:
         raise SystemExit(f"bad setting: {e}") from e

@@ -44,7 +44,8 @@ class ServerProcess:
     def start(self, listen: str = "127.0.0.1:0", timeout: float = 60.0) -> ServerProcess:
         cmd = [
             sys.executable, "-m", "bots_server.cli", "serve",
-            "--db", self.db_url, "--listen", listen, "--log-format", "json", *self.extra_args,
+            "--db", self.db_url, "--listen", listen, "--log-format", "json",
+            "--metrics-listen", "127.0.0.1:0", *self.extra_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=self.env)
         ready = threading.Event()

@@ -21,8 +21,11 @@ class SelectorObserver:
     def checkpoint_written(self, experiment: str, step: int, seconds: float) -> None:
         """All posterior rows of `experiment` were written as of `step`."""
 
-    def experiment_loaded(self, experiment: str, num_tasks: int, step: int, seconds: float) -> None:
-        """An experiment was rebuilt from the store (checkpoint + replay)."""
+    def experiment_loaded(self, experiment: str, step: int, state: PosteriorState, seconds: float) -> None:
+        """An experiment was rebuilt from the store (checkpoint + replay); `state` is its posterior."""
+
+    def tasks_added(self, experiment: str, num_tasks: int) -> None:
+        """Tasks were added; the pool now holds `num_tasks`."""
 
     def experiment_removed(self, experiment: str) -> None:
-        """An experiment was deleted; drop its series."""
+        """An experiment was deleted (here or on another replica); drop its series."""

@@ -10,6 +10,7 @@ loop keeps serving other experiments.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
@@ -104,8 +105,10 @@ class SelectorService:
         self._background: set[asyncio.Task[None]] = set()
 
     async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """Run blocking work on the pool, in this call's context (its request id)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(self._executor, functools.partial(context.run, fn, *args, **kwargs))
 
     def _notify(self, hook: Callable[..., None], *args: object) -> None:
         """Run an observer hook on a worker thread, off the request's path."""
@@ -214,6 +217,7 @@ class SelectorService:
                     await self._catch_up(live)
                     continue
                 await self._run(live.append_tasks, keys, features)
+                self._notify(self.observer.tasks_added, name, live.num_tasks)
                 log.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
                 return len(keys), live.num_tasks
             raise _contended(name)
@@ -256,6 +260,10 @@ class SelectorService:
                 if stored.batch_id != row.batch_id:  # a racing call with the same key won
                     return self._same_request(live, stored, batch_size)
                 self._notify(self.observer.batch_selected, name, batch_size, len(leased) + batch_size)
+                log.debug(
+                    "batch selected",
+                    extra={"experiment": name, "batch_id": row.batch_id, "step": live.step, "batch_size": batch_size},
+                )
                 return self._batch(live, stored)
             raise _contended(name)
 
@@ -342,6 +350,10 @@ class SelectorService:
                     return await self._repeated_report(live, batch, task_idx, successes, trials)
                 live.state, live.step = result.state, event.step
                 self._notify(self.observer.report_applied, name, event.step, successes, trials, result.state)
+                log.info(
+                    "report applied",
+                    extra={"experiment": name, "step": event.step, "batch_id": batch_id, "tasks": len(task_idx)},
+                )
                 self._maybe_checkpoint(live)
                 return ReportResult(step=event.step, capability=capability, duplicate=False)
             raise _contended(name)
@@ -420,7 +432,7 @@ class SelectorService:
             raise NotFound(f"experiment {name!r} not found")
         live = await self._run(LiveExperiment.rebuild, rows, params)
         self._live[name] = live
-        self._notify(self.observer.experiment_loaded, name, live.num_tasks, live.step, time.perf_counter() - started)
+        self._notify(self.observer.experiment_loaded, name, live.step, live.state, time.perf_counter() - started)
         log.info(
             "experiment loaded",
             extra={
@@ -437,6 +449,7 @@ class SelectorService:
         rows = await self._run(self.store.load, live.id, after_step=live.step, first_task=live.num_tasks)
         if rows is None or rows.experiment.name != live.name:
             self._live.pop(live.name, None)
+            self._notify(self.observer.experiment_removed, live.name)
             raise NotFound(f"experiment {live.name!r} not found")
         if rows.keys or rows.events:
             await self._run(live.catch_up, rows)

@@ -1,4 +1,9 @@
-"""Server lifecycle: build, serve, and shut down gracefully on SIGTERM."""
+"""Server lifecycle: build, serve, and shut down gracefully on SIGTERM.
+
+Also wires the operations side: the metrics registry (observer, interceptors,
+database error counter, event-loop lag) and its /metrics HTTP endpoint on a
+port of its own, request ids, and bearer-token auth when tokens are set.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,23 @@ import asyncio
 import contextlib
 import logging
 import signal
+from pathlib import Path
 
 import grpc
+import sqlalchemy.exc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+import bots_server
 from bots_client._proto import bots_pb2, bots_pb2_grpc
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.errors import Unavailable
+from bots_server.metrics import Metrics
+from bots_server.service.interceptors import AuthInterceptor, MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.servicer import TaskSelectorServicer
-from bots_server.settings import ServerSettings
-from bots_server.store import Store
+from bots_server.settings import ServerSettings, split_host_port
+from bots_server.store import DatabaseInUse, Store
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +43,20 @@ class BotsServer:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.store = Store(settings.db)
+        self.metrics = Metrics(version=bots_server.__version__)
+        self.store = Store(settings.db, exclusive=True, on_error=self.metrics.database_error)
         self.selector = SelectorService(
             self.store,
             checkpoint_policy=CheckpointPolicy(settings.checkpoint_every_steps, settings.checkpoint_every_seconds),
             max_workers=settings.workers,
+            observer=self.metrics.observer,
         )
         self.health = HealthServicer()
-        self.server = grpc.aio.server()
+        interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(self.metrics.rpc)]
+        if settings.auth_tokens:
+            interceptors.append(AuthInterceptor(settings.auth_tokens))
+        self.server = grpc.aio.server(interceptors=interceptors)
+        self.metrics.rpc.initialize(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"])
         bots_pb2_grpc.add_TaskSelectorServicer_to_server(TaskSelectorServicer(self.selector), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -50,28 +66,63 @@ class BotsServer:
         self.port = self.server.add_insecure_port(settings.listen)
         if self.port == 0:
             raise SystemExit(f"cannot listen on {settings.listen}")
+        self.metrics_port: int | None = None
+        self._database_up: bool | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         if self.settings.migrate:
-            await asyncio.to_thread(self.store.migrate)
+            await asyncio.to_thread(migrate_schema, self.store)
+        self._start_metrics()
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._check_database()
         self._tasks = [
             asyncio.create_task(self.selector.run_checkpoints(), name="checkpoints"),
             asyncio.create_task(self._watch_database(), name="database-health"),
+            asyncio.create_task(self.metrics.watch_event_loop(), name="event-loop-lag"),
         ]
-        log.info("serving", extra={"listen": self.settings.listen, "port": self.port, "db": _redact(self.settings.db)})
+        log.info(
+            "serving",
+            extra={
+                "listen": self.settings.listen,
+                "port": self.port,
+                "metrics_listen": self.settings.metrics_listen,
+                "metrics_port": self.metrics_port,
+                "auth": bool(self.settings.auth_tokens),
+                "db": _redact(self.settings.db),
+            },
+        )
+
+    def _start_metrics(self) -> None:
+        if not self.settings.metrics_listen:
+            return
+        host, port = split_host_port(self.settings.metrics_listen, "--metrics-listen")
+        try:
+            self.metrics_port = self.metrics.serve_http(host, port)
+        except OSError as e:
+            # Serving gRPC matters more than being scraped: keep going, loudly.
+            # (In a pod the port is ours alone; collisions happen on shared
+            # dev and test hosts.)
+            log.error(
+                "cannot serve metrics; continuing without a /metrics endpoint",
+                extra={"metrics_listen": self.settings.metrics_listen, "error": str(e)},
+            )
 
     async def _check_database(self) -> None:
         try:
             await asyncio.to_thread(self.store.ping)
         except Unavailable as e:
-            log.warning("database unreachable; not ready", extra={"error": str(e)})
+            if self._database_up is not False:  # a line per change, not per check
+                log.warning("database unreachable; not ready", extra={"error": str(e)})
+            self._database_up = False
             status = health_pb2.HealthCheckResponse.NOT_SERVING
         else:
+            if self._database_up is False:
+                log.info("database reachable again; ready")
+            self._database_up = True
             status = health_pb2.HealthCheckResponse.SERVING
+        self.metrics.database_up.set(1 if self._database_up else 0)
         await self.health.set(READINESS_SERVICE, status)
 
     async def _watch_database(self) -> None:
@@ -90,7 +141,57 @@ class BotsServer:
                 await task
         await self.selector.close()
         self.store.close()
+        self.metrics.stop_http()
         log.info("stopped")
+
+
+# pg_advisory_lock key ("bots" in ASCII): serializes schema upgrades, so that
+# replicas starting together (or migrate init containers) do not race on DDL.
+_MIGRATION_LOCK_KEY = 0x626F7473
+
+
+def migrate_schema(store: Store) -> None:
+    """Upgrade the schema to the latest revision, one migrator at a time.
+
+    On PostgreSQL a session advisory lock is held around the upgrade (the
+    next migrator waits, then finds nothing to do); SQLite serializes writers
+    with BEGIN IMMEDIATE already.
+    """
+    if store.is_sqlite:
+        store.migrate()
+        return
+    try:
+        conn = store.engine.connect()
+    except sqlalchemy.exc.DBAPIError as e:
+        raise Unavailable(f"database unavailable: {str(e.orig).strip().splitlines()[0]}") from e
+    try:
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({_MIGRATION_LOCK_KEY})")
+        conn.commit()
+        store.migrate()
+    finally:
+        # The lock belongs to the session, and pooled connections outlive
+        # this call: release it explicitly.
+        with contextlib.suppress(sqlalchemy.exc.DBAPIError):
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_MIGRATION_LOCK_KEY})")
+            conn.commit()
+        conn.close()
+
+
+def schema_is_current(store: Store) -> tuple[bool, list[str], list[str]]:
+    """(current?, the database's revisions, the code's head revisions)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    import bots_server.store
+
+    scripts = ScriptDirectory(str(Path(bots_server.store.__file__).parent / "migrations"))
+    heads = sorted(scripts.get_heads())
+    try:
+        with store.engine.connect() as conn:
+            current = sorted(MigrationContext.configure(conn).get_current_heads())
+    except sqlalchemy.exc.DBAPIError as e:
+        raise Unavailable(f"database unavailable: {str(e.orig).strip().splitlines()[0]}") from e
+    return current == heads, current, heads
 
 
 def _redact(url: str) -> str:
@@ -101,7 +202,10 @@ def _redact(url: str) -> str:
 
 
 async def serve(settings: ServerSettings) -> None:
-    server = BotsServer(settings)
+    try:
+        server = BotsServer(settings)
+    except DatabaseInUse as e:
+        raise SystemExit(f"bots-server: {e}") from None
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

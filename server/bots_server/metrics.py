@@ -1,0 +1,429 @@
+"""Prometheus metrics: per-RPC (go-grpc-prometheus names), per-experiment
+learning signals, database errors, event-loop lag, and the /metrics endpoint.
+
+Label cardinality is bounded by design: RPC series by method and status code,
+experiment series by experiment name only (never a task key), database errors
+by a fixed set of kinds. An experiment's series are removed when it is
+deleted.
+
+Everything here is thread-safe: the core calls the observer hooks on worker
+threads, the interceptor on the event loop, and the HTTP exporter scrapes on
+its own thread (so /metrics answers even while the event loop is stuck, which
+is when you need it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import platform
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from wsgiref.simple_server import WSGIServer
+
+import grpc
+import numpy as np
+import prometheus_client
+from google.protobuf.descriptor import ServiceDescriptor
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from bots_server.core.observer import SelectorObserver
+from bots_server.engine import PosteriorState
+
+log = logging.getLogger(__name__)
+
+# `*_created` series double the series count and nothing in our dashboards
+# or alerts reads them; go-grpc-prometheus does not have them either.
+prometheus_client.disable_created_metrics()
+
+# Our RPCs take from well under a millisecond (a cached GetExperiment) to
+# minutes (AddTasks of a million tasks); go-grpc-prometheus' default buckets
+# (5 ms .. 10 s) would put every fast call in the first bucket.
+RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+CHECKPOINT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+# grpc-go's code names (codes.Code.String()), so dashboards and alerts written
+# for Go services work unchanged; note "Canceled" with one "l".
+GO_CODE_NAMES: dict[grpc.StatusCode, str] = {
+    grpc.StatusCode.OK: "OK",
+    grpc.StatusCode.CANCELLED: "Canceled",
+    grpc.StatusCode.UNKNOWN: "Unknown",
+    grpc.StatusCode.INVALID_ARGUMENT: "InvalidArgument",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "DeadlineExceeded",
+    grpc.StatusCode.NOT_FOUND: "NotFound",
+    grpc.StatusCode.ALREADY_EXISTS: "AlreadyExists",
+    grpc.StatusCode.PERMISSION_DENIED: "PermissionDenied",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "ResourceExhausted",
+    grpc.StatusCode.FAILED_PRECONDITION: "FailedPrecondition",
+    grpc.StatusCode.ABORTED: "Aborted",
+    grpc.StatusCode.OUT_OF_RANGE: "OutOfRange",
+    grpc.StatusCode.UNIMPLEMENTED: "Unimplemented",
+    grpc.StatusCode.INTERNAL: "Internal",
+    grpc.StatusCode.UNAVAILABLE: "Unavailable",
+    grpc.StatusCode.DATA_LOSS: "DataLoss",
+    grpc.StatusCode.UNAUTHENTICATED: "Unauthenticated",
+}
+
+# The kinds bots_server.store reports; pre-created at zero so rate() and
+# alerts see a series before the first error.
+DATABASE_ERROR_KINDS = ("unavailable", "timeout", "connection_lost", "integrity", "other")
+
+# Posterior means below LOW are tasks the model (almost) never solves, above
+# HIGH ones it (almost) always solves: neither gives a GRPO gradient.
+SPREAD_LOW, SPREAD_HIGH = 0.1, 0.9
+
+
+def grpc_type(request_streaming: bool, response_streaming: bool) -> str:
+    if request_streaming:
+        return "bidi_stream" if response_streaming else "client_stream"
+    return "server_stream" if response_streaming else "unary"
+
+
+def split_method(full_method: str) -> tuple[str, str]:
+    """'/pkg.Service/Method' -> ('pkg.Service', 'Method')."""
+    service, _, method = full_method.lstrip("/").rpartition("/")
+    return service or "unknown", method or "unknown"
+
+
+class RpcMetrics:
+    """The go-grpc-prometheus server metrics, with the handling-time histogram on."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("grpc_type", "grpc_service", "grpc_method")
+        self.started = Counter(
+            "grpc_server_started_total", "Total number of RPCs started on the server.", labels, registry=registry
+        )
+        self.handled = Counter(
+            "grpc_server_handled_total",
+            "Total number of RPCs completed on the server, regardless of success or failure.",
+            (*labels, "grpc_code"),
+            registry=registry,
+        )
+        self.msg_received = Counter(
+            "grpc_server_msg_received_total",
+            "Total number of RPC stream messages received on the server.",
+            labels,
+            registry=registry,
+        )
+        self.msg_sent = Counter(
+            "grpc_server_msg_sent_total",
+            "Total number of gRPC stream messages sent by the server.",
+            labels,
+            registry=registry,
+        )
+        self.handling_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
+            labels,
+            buckets=RPC_BUCKETS,
+            registry=registry,
+        )
+
+    def initialize(self, service: ServiceDescriptor) -> None:
+        """Create every method's series at zero, as go-grpc-prometheus'
+        InitializeMetrics does: a rate() over a series that appears only with
+        the first error misses that error."""
+        for method in service.methods:
+            labels = (grpc_type(method.client_streaming, method.server_streaming), service.full_name, method.name)
+            self.started.labels(*labels)
+            self.msg_received.labels(*labels)
+            self.msg_sent.labels(*labels)
+            self.handling_seconds.labels(*labels)
+            for code in GO_CODE_NAMES.values():
+                self.handled.labels(*labels, code)
+
+
+@dataclasses.dataclass
+class _ExperimentView:
+    """What the scrape-time collector needs of one experiment."""
+
+    state: PosteriorState | None = None
+    step: int = -1
+    checkpoint_step: int = -1
+    # Monotonic time of the first step not yet in a checkpoint; None: current.
+    dirty_since: float | None = None
+
+
+class ExperimentMetrics(SelectorObserver, Collector):
+    """The SelectorObserver that turns state changes into metrics.
+
+    Hooks only store numbers and a reference to the (immutable) posterior
+    arrays; the O(pool) posterior spread is computed at scrape time, so its
+    cost follows the scrape interval, not the step rate.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        exp = ("experiment",)
+        self.steps = Counter("bots_steps_total", "Reports applied (steps) on this replica.", exp, registry=registry)
+        self.step = Gauge("bots_experiment_step", "The experiment's current step.", exp, registry=registry)
+        self.tasks = Gauge("bots_experiment_tasks", "Tasks in the experiment's pool.", exp, registry=registry)
+        self.batches_selected = Counter(
+            "bots_batches_selected_total", "New batches selected (not counting repeats of a request key).", exp,
+            registry=registry,
+        )  # fmt: skip
+        self.tasks_selected = Counter(
+            "bots_tasks_selected_total", "Tasks handed out in new batches.", exp, registry=registry
+        )
+        self.leased_tasks = Gauge(
+            "bots_leased_tasks",
+            "Tasks in open batches (selected, not reported, lease not expired), as of the last selection; "
+            "reports lower it by the tasks they report.",
+            exp,
+            registry=registry,
+        )
+        self.tasks_reported = Counter(
+            "bots_tasks_reported_total", "Task outcomes reported (one per task per report).", exp, registry=registry
+        )
+        self.tasks_informative = Counter(
+            "bots_tasks_informative_total",
+            "Reported task outcomes with 0 < successes < trials: the groups that give a GRPO gradient.",
+            exp,
+            registry=registry,
+        )
+        self.rollouts = Counter("bots_rollouts_total", "Rollouts (trials) reported.", exp, registry=registry)
+        self.successes = Counter(
+            "bots_rollout_successes_total", "Successes among the reported rollouts.", exp, registry=registry
+        )
+        self.batch_success_rate = Gauge(
+            "bots_batch_success_rate", "Successes / trials of the last reported batch.", exp, registry=registry
+        )
+        self.batch_informative = Gauge(
+            "bots_batch_informative_fraction",
+            "Share of the last reported batch's tasks with 0 < successes < trials.",
+            exp,
+            registry=registry,
+        )
+        self.capability = Gauge(
+            "bots_capability",
+            "The interpolation plug-in's capability estimate after the last step (NaN until known).",
+            exp,
+            registry=registry,
+        )
+        self.checkpoint_last_seconds = Gauge(
+            "bots_checkpoint_last_duration_seconds", "How long the last checkpoint took to write.", exp,
+            registry=registry,
+        )  # fmt: skip
+        self.checkpoint_timestamp = Gauge(
+            "bots_checkpoint_last_timestamp_seconds",
+            "Unix time of the last checkpoint this replica wrote.",
+            exp,
+            registry=registry,
+        )
+        self.checkpoint_seconds = Histogram(
+            "bots_checkpoint_duration_seconds",
+            "Time to write a checkpoint (all experiments).",
+            buckets=CHECKPOINT_BUCKETS,
+            registry=registry,
+        )
+        self.load_seconds = Histogram(
+            "bots_experiment_load_duration_seconds",
+            "Time to rebuild an experiment from the store (checkpoint + replay).",
+            buckets=CHECKPOINT_BUCKETS,
+            registry=registry,
+        )
+        self._labelled = (
+            self.steps, self.step, self.tasks, self.batches_selected, self.tasks_selected, self.leased_tasks,
+            self.tasks_reported, self.tasks_informative, self.rollouts, self.successes, self.batch_success_rate,
+            self.batch_informative, self.capability, self.checkpoint_last_seconds, self.checkpoint_timestamp,
+        )  # fmt: skip
+        self._views: dict[str, _ExperimentView] = {}
+        # Deleted experiments whose late hooks (queued before the delete, run
+        # after it on another thread) must not bring their series back.
+        self._removed: set[str] = set()
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    # -- hooks (worker threads) ----------------------------------------------------
+
+    def _gone(self, experiment: str) -> bool:
+        with self._lock:
+            return experiment in self._removed
+
+    def batch_selected(self, experiment: str, batch_size: int, leased_tasks: int) -> None:
+        if self._gone(experiment):
+            return
+        self.batches_selected.labels(experiment).inc()
+        self.tasks_selected.labels(experiment).inc(batch_size)
+        self.leased_tasks.labels(experiment).set(leased_tasks)
+
+    def report_applied(
+        self, experiment: str, step: int, successes: Sequence[float], trials: Sequence[int], state: PosteriorState
+    ) -> None:
+        if self._gone(experiment):
+            return
+        s = np.asarray(successes, dtype=np.float64)
+        n = np.asarray(trials, dtype=np.float64)
+        informative = int(np.count_nonzero((s > 0) & (s < n)))
+        total_trials = float(n.sum())
+        self.steps.labels(experiment).inc()
+        self.tasks_reported.labels(experiment).inc(len(n))
+        self.tasks_informative.labels(experiment).inc(informative)
+        self.rollouts.labels(experiment).inc(total_trials)
+        self.successes.labels(experiment).inc(float(s.sum()))
+        if total_trials > 0:
+            self.batch_success_rate.labels(experiment).set(float(s.sum()) / total_trials)
+        if len(n):
+            self.batch_informative.labels(experiment).set(informative / len(n))
+        leased = self.leased_tasks.labels(experiment)
+        leased.set(max(0.0, _value(leased) - len(n)))
+        with self._lock:
+            view = self._views.setdefault(experiment, _ExperimentView())
+            # Hooks of consecutive steps may run out of order on different
+            # worker threads; keep the newest state.
+            if step <= view.step:
+                return
+            view.step, view.state = step, state
+            if view.dirty_since is None and step > view.checkpoint_step:
+                view.dirty_since = time.monotonic()
+        self.step.labels(experiment).set(step)
+        self.tasks.labels(experiment).set(state.alpha.shape[0])
+        self.capability.labels(experiment).set(state.capability)
+
+    def checkpoint_written(self, experiment: str, step: int, seconds: float) -> None:
+        self.checkpoint_seconds.observe(seconds)
+        if self._gone(experiment):
+            return
+        self.checkpoint_last_seconds.labels(experiment).set(seconds)
+        self.checkpoint_timestamp.labels(experiment).set(time.time())
+        with self._lock:
+            view = self._views.setdefault(experiment, _ExperimentView())
+            view.checkpoint_step = max(view.checkpoint_step, step)
+            if view.step <= view.checkpoint_step:
+                view.dirty_since = None
+
+    def experiment_loaded(self, experiment: str, step: int, state: PosteriorState, seconds: float) -> None:
+        self.load_seconds.observe(seconds)
+        self.tasks.labels(experiment).set(state.alpha.shape[0])
+        self.step.labels(experiment).set(step)
+        self.capability.labels(experiment).set(state.capability)
+        with self._lock:
+            self._removed.discard(experiment)
+            view = self._views.get(experiment)
+            if view is None or view.step < step:
+                # The loaded state is durable (checkpoint + event log): count
+                # checkpoint age from here.
+                self._views[experiment] = _ExperimentView(state=state, step=step, checkpoint_step=step)
+
+    def tasks_added(self, experiment: str, num_tasks: int) -> None:
+        if not self._gone(experiment):
+            self.tasks.labels(experiment).set(num_tasks)
+
+    def experiment_removed(self, experiment: str) -> None:
+        with self._lock:
+            self._views.pop(experiment, None)
+            self._removed.add(experiment)
+        for metric in self._labelled:
+            try:
+                metric.remove(experiment)
+            except KeyError:
+                pass
+
+    # -- scrape time (exporter thread) ---------------------------------------------
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return ()  # unchecked collector: its names are its own
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            views = {name: dataclasses.replace(view) for name, view in self._views.items()}
+        share = GaugeMetricFamily(
+            "bots_posterior_share",
+            f"Share of the pool by posterior mean: band low (< {SPREAD_LOW}), mid, high (> {SPREAD_HIGH}).",
+            labels=("experiment", "band"),
+        )
+        age = GaugeMetricFamily(
+            "bots_checkpoint_age_seconds",
+            "Seconds since the oldest step that is not in a checkpoint yet (0 while the checkpoint is current).",
+            labels=("experiment",),
+        )
+        behind = GaugeMetricFamily(
+            "bots_steps_since_checkpoint",
+            "Steps a restart would replay from the event log on top of the last checkpoint.",
+            labels=("experiment",),
+        )
+        loaded = GaugeMetricFamily("bots_experiments_loaded", "Experiments held in memory on this replica.")
+        loaded.add_metric((), len(views))
+        now = time.monotonic()
+        for name, view in views.items():
+            age.add_metric((name,), 0.0 if view.dirty_since is None else now - view.dirty_since)
+            behind.add_metric((name,), max(0, view.step - view.checkpoint_step))
+            if view.state is not None and view.state.alpha.shape[0] > 0:
+                for band, value in zip(("low", "mid", "high"), posterior_spread(view.state), strict=True):
+                    share.add_metric((name, band), value)
+        return (share, age, behind, loaded)
+
+
+def posterior_spread(state: PosteriorState) -> tuple[float, float, float]:
+    """Shares of tasks with posterior mean < LOW, in between, > HIGH."""
+    mean = state.alpha / (state.alpha + state.beta)
+    n = mean.shape[0]
+    low = int(np.count_nonzero(mean < SPREAD_LOW)) / n
+    high = int(np.count_nonzero(mean > SPREAD_HIGH)) / n
+    return low, 1.0 - low - high, high
+
+
+def _value(gauge: Gauge) -> float:
+    # prometheus_client has no public getter for one child's value.
+    return float(gauge._value.get())
+
+
+class Metrics:
+    """All of the server's metrics on one registry (not the global one, so
+    several servers in one process, as in tests, do not collide)."""
+
+    def __init__(self, version: str = "") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        prometheus_client.ProcessCollector(registry=self.registry)
+        prometheus_client.PlatformCollector(registry=self.registry)
+        prometheus_client.GCCollector(registry=self.registry)
+        prometheus_client.Info("bots_build", "Version of the BOTS server.", registry=self.registry).info(
+            {"version": version, "python": platform.python_version()}
+        )
+        self.rpc = RpcMetrics(self.registry)
+        self.observer = ExperimentMetrics(self.registry)
+        self.database_errors = Counter(
+            "bots_database_errors_total",
+            "Database errors by kind (unavailable, timeout, connection_lost, integrity, other).",
+            ("kind",),
+            registry=self.registry,
+        )
+        for kind in DATABASE_ERROR_KINDS:
+            self.database_errors.labels(kind)
+        self.database_up = Gauge(
+            "bots_database_up", "1 if the last database health check succeeded, else 0.", registry=self.registry
+        )
+        self.loop_lag = Histogram(
+            "bots_event_loop_lag_seconds",
+            "How late the event loop ran a timer: time the loop was blocked and calls waited.",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self._http: WSGIServer | None = None
+
+    def database_error(self, kind: str) -> None:
+        self.database_errors.labels(kind if kind in DATABASE_ERROR_KINDS else "other").inc()
+
+    async def watch_event_loop(self, interval_s: float = 0.25) -> None:
+        """Until cancelled: sleep `interval_s`, record how much later we woke."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await asyncio.sleep(interval_s)
+            self.loop_lag.observe(max(0.0, loop.time() - started - interval_s))
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Serve /metrics on a daemon thread; returns the bound port."""
+        server, _thread = prometheus_client.start_http_server(port, host, registry=self.registry)
+        self._http = server
+        return int(server.server_address[1])
+
+    def stop_http(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

@@ -1,0 +1,272 @@
+"""grpc.aio server interceptors: request ids, per-RPC metrics, bearer-token auth.
+
+Order matters; BotsServer installs them as
+
+    RequestIdInterceptor   outermost: every log line of the call, the auth
+                           failure's included, carries the request id
+    MetricsInterceptor     counts every call, rejected ones as Unauthenticated
+    AuthInterceptor        innermost: rejects before the servicer runs
+
+Each wraps the method handler's behavior in an async context manager, for the
+four call shapes (unary/streaming request x unary/streaming response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+
+from bots_server import logs
+from bots_server.metrics import GO_CODE_NAMES, RpcMetrics, grpc_type, split_method
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_KEY = "x-request-id"
+AUTHORIZATION_KEY = "authorization"
+# Methods anyone may call: the kubelet's probes and load balancers do not
+# carry tokens, and reflection only describes the API.
+AUTH_EXEMPT_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+_MAX_REQUEST_ID_LEN = 128
+_AUTH_LOG_INTERVAL_S = 60.0
+
+Around = Callable[[grpc.aio.ServicerContext], contextlib.AbstractAsyncContextManager[None]]
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler,
+    around: Around,
+    on_request: Callable[[], None] | None = None,
+    on_response: Callable[[], None] | None = None,
+) -> grpc.RpcMethodHandler:
+    """The same handler with its behavior run inside `around(context)`;
+    `on_request` / `on_response` are called per message (for counting)."""
+    received = on_request or _nothing
+    sent = on_response or _nothing
+
+    async def count_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            received()
+            yield request
+
+    def wrap_unary_response(behavior: Callable[..., Awaitable[Any]], streaming_request: bool) -> Callable[..., Any]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async with around(context):
+                if streaming_request:
+                    request = count_requests(request)
+                else:
+                    received()
+                response = await behavior(request, context)
+                sent()
+                return response
+
+        return wrapped
+
+    def wrap_streaming_response(behavior: Callable[..., Any], streaming_request: bool) -> Callable[..., Any]:
+        # A response-streaming behavior is either an async generator or a
+        # coroutine that writes with context.write (the health service's
+        # Watch); the wrapper must have the same shape.
+        if inspect.isasyncgenfunction(behavior):
+
+            async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async with around(context):
+                    if streaming_request:
+                        request = count_requests(request)
+                    else:
+                        received()
+                    async for response in behavior(request, context):
+                        sent()
+                        yield response
+
+            return generator
+
+        async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async with around(context):
+                if streaming_request:
+                    request = count_requests(request)
+                else:
+                    received()
+                return await behavior(request, context)
+
+        return coroutine
+
+    serde = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(wrap_unary_response(handler.unary_unary, False), **serde)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(wrap_unary_response(handler.stream_unary, True), **serde)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(wrap_streaming_response(handler.unary_stream, False), **serde)
+    assert handler.stream_stream is not None
+    return grpc.stream_stream_rpc_method_handler(wrap_streaming_response(handler.stream_stream, True), **serde)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _metadata(details: grpc.HandlerCallDetails, key: str) -> str | None:
+    for k, v in details.invocation_metadata or ():  # type: ignore[attr-defined]
+        if k == key:
+            return v if isinstance(v, str) else None
+    return None
+
+
+def status_of(context: grpc.aio.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
+    """The status a call ended with, from how its behavior ended."""
+    if error is None or isinstance(error, grpc.aio.AbortError):
+        code = context.code()
+        if code is None:
+            return grpc.StatusCode.OK
+        if isinstance(code, grpc.StatusCode):
+            return code
+        # Some grpcio versions keep the raw cygrpc integer.
+        return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    if isinstance(error, asyncio.CancelledError):
+        remaining = context.time_remaining()
+        expired = remaining is not None and remaining <= 0
+        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN  # what grpc.aio answers for an uncaught exception
+
+
+class RequestIdInterceptor(grpc.aio.ServerInterceptor):
+    """Takes `x-request-id` from the call's metadata (or makes one), binds it
+    to the call's log records and sends it back in the trailing metadata, so
+    a client can quote it in a bug report."""
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        given = _metadata(handler_call_details, REQUEST_ID_KEY)
+        # Ids from callers end up in log lines: keep them short and printable.
+        valid = given is not None and 0 < len(given) <= _MAX_REQUEST_ID_LEN and given.isprintable()
+
+        @contextlib.asynccontextmanager
+        async def around(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            request_id = given if valid and given is not None else uuid.uuid4().hex
+            token = logs.request_id.set(request_id)
+            context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+            try:
+                yield
+            finally:
+                logs.request_id.reset(token)
+
+        return wrap_handler(handler, around)
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """grpc_server_started_total, _handled_total, _handling_seconds and the
+    message counters, as go-grpc-prometheus records them; plus a DEBUG access
+    line per call (never at INFO: that would be a line per training step)."""
+
+    def __init__(self, metrics: RpcMetrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method  # type: ignore[attr-defined]
+        labels = (grpc_type(handler.request_streaming, handler.response_streaming), *split_method(method))
+        metrics = self.metrics
+
+        @contextlib.asynccontextmanager
+        async def around(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            metrics.started.labels(*labels).inc()
+            started = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                yield
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                seconds = time.perf_counter() - started
+                code = status_of(context, error)
+                metrics.handled.labels(*labels, GO_CODE_NAMES.get(code, "Unknown")).inc()
+                metrics.handling_seconds.labels(*labels).observe(seconds)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("rpc", extra={"method": method, "code": code.name, "seconds": round(seconds, 6)})
+
+        received = metrics.msg_received.labels(*labels).inc
+        sent = metrics.msg_sent.labels(*labels).inc
+        return wrap_handler(handler, around, on_request=received, on_response=sent)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` with one of the configured
+    tokens on every method but health and reflection."""
+
+    def __init__(self, tokens: Iterable[str]) -> None:
+        self._tokens = tuple(t.encode() for t in tokens)
+        if not self._tokens:
+            raise ValueError("AuthInterceptor needs at least one token")
+        self._rejected = 0
+        self._last_log = -_AUTH_LOG_INTERVAL_S
+
+    def _valid(self, header: str | None) -> bool:
+        if header is None:
+            return False
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        given = token.strip().encode()
+        # Compare against every token without stopping early: the time taken
+        # tells nothing about which token (or prefix) was close.
+        matches = [hmac.compare_digest(given, t) for t in self._tokens]
+        return any(matches)
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        if method.startswith(AUTH_EXEMPT_PREFIXES):
+            return await continuation(handler_call_details)
+        header = _metadata(handler_call_details, AUTHORIZATION_KEY)
+        if self._valid(header):
+            return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        reason = "missing bearer token" if header is None else "invalid bearer token"
+
+        @contextlib.asynccontextmanager
+        async def reject(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            self._note_rejection(method, reason)
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{method}: {reason}; send metadata 'authorization: Bearer <token>' with a token the server accepts",
+            )
+            yield  # unreachable: abort raises
+
+        return wrap_handler(handler, reject)
+
+    def _note_rejection(self, method: str, reason: str) -> None:
+        # A misconfigured trainer retries in a loop: one WARNING a minute with
+        # the count, not one per call (the metrics count every call).
+        self._rejected += 1
+        now = time.monotonic()
+        if now - self._last_log >= _AUTH_LOG_INTERVAL_S:
+            log.warning(
+                "rejected unauthenticated calls",
+                extra={"method": method, "reason": reason, "rejected_since_last_log": self._rejected},
+            )
+            self._rejected, self._last_log = 0, now

@@ -1,0 +1,144 @@
+"""The alerting rules and the Grafana dashboard: promtool's checks and unit
+tests, generated files up to date, every metric they use exported by the
+server, every alert with a runbook section."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.ops.support import DEPLOY, MetricsServer, parse, require_tool
+from tests.support.servers import REPO
+
+ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
+DASHBOARD = DEPLOY / "grafana" / "bots-selection.json"
+OPERATIONS = REPO / "docs" / "operations.md"
+# Metrics Prometheus itself adds to every scrape.
+SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+
+
+def alert_rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers followed by a
+    selector or standing alone, minus functions, keywords and label names."""
+    without_strings = re.sub(r'"[^"]*"', '""', expr)
+    without_labels = re.sub(r"\{[^}]*\}", "{}", without_strings)
+    without_groupings = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", without_labels)
+    without_ranges = re.sub(r"\[[^\]]*\]", "", without_groupings)
+    names = set(re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b(?!\s*\()", without_ranges))
+    return {n for n in names if "_" in n or n in SYNTHETIC} - {"__rate_interval"}
+
+
+@pytest.fixture(scope="module")
+def exported(metrics_server: MetricsServer) -> set[str]:
+    """Every sample name the server can export (families are listed even
+    before their first sample)."""
+    text = metrics_server.scrape()
+    names = set(parse(text))
+    names |= set(re.findall(r"^# TYPE (\S+)", text, flags=re.MULTILINE))
+    for family, kind in re.findall(r"^# TYPE (\S+) (\S+)", text, flags=re.MULTILINE):
+        if kind == "histogram":
+            names |= {f"{family}_bucket", f"{family}_count", f"{family}_sum"}
+        if kind == "counter":
+            names.add(f"{family}_total")
+    return names
+
+
+def test_promtool_checks_the_rules() -> None:
+    promtool = require_tool("promtool")
+    result = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_of_the_rules_pass() -> None:
+    promtool = require_tool("promtool")
+    tests = DEPLOY / "prometheus" / "alerts_test.yaml"
+    result = subprocess.run(
+        [promtool, "test", "rules", tests.name], capture_output=True, text=True, timeout=120, cwd=tests.parent
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Every alert is exercised by at least one unit test.
+    tested = set(re.findall(r"alertname: (\w+)", tests.read_text()))
+    assert {r["alert"] for r in alert_rules()} <= tested
+
+
+def test_every_alert_has_severity_summary_and_a_runbook_section() -> None:
+    anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", OPERATIONS.read_text(), flags=re.MULTILINE)}
+    for rule in alert_rules():
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
+        path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert path == "docs/operations.md" and anchor in anchors, (rule["alert"], anchor)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_rules_and_dashboard_use_only_exported_metrics(exported: set[str]) -> None:
+    used: dict[str, set[str]] = {}
+    for rule in alert_rules():
+        used[f"alert {rule['alert']}"] = metric_names(rule["expr"])
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            used[f"panel {panel['title']}"] = used.get(f"panel {panel['title']}", set()) | metric_names(target["expr"])
+    for where, names in used.items():
+        assert names, f"{where}: no metric found (bad expression?)"
+        missing = names - exported - SYNTHETIC
+        assert not missing, f"{where} uses metrics the server does not export: {missing}"
+
+
+def test_dashboard_is_generated_parameterised_and_complete() -> None:
+    for script in (DEPLOY / "grafana" / "build_dashboard.py", DEPLOY / "prometheus" / "build_prometheusrule.py"):
+        result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+
+    board = json.loads(DASHBOARD.read_text())
+    assert board["uid"] == "bots-selection"
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert {"job", "instance", "experiment"} <= set(variables)
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+    for panel in panels:
+        # Every query goes to the chosen data source, not to a hard-coded uid.
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"]), panel["title"]
+    # No two panels overlap on the 24-column grid.
+    cells: set[tuple[int, int]] = set()
+    for p in board["panels"]:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, p["title"]
+        cells |= mine
+    # Traffic, errors, latency and every learning signal the issue asks for.
+    used = {n for p in panels for t in p["targets"] for n in metric_names(t["expr"])}
+    assert {
+        "grpc_server_handled_total", "grpc_server_handling_seconds_bucket", "bots_steps_total",
+        "bots_tasks_selected_total", "bots_rollouts_total", "bots_rollout_successes_total",
+        "bots_tasks_informative_total", "bots_posterior_share", "bots_capability", "bots_leased_tasks",
+        "bots_checkpoint_age_seconds", "bots_checkpoint_last_duration_seconds", "bots_database_errors_total",
+        "bots_event_loop_lag_seconds_bucket",
+    } <= used  # fmt: skip
+
+
+def test_prometheusrule_carries_the_same_rules() -> None:
+    rule = yaml.safe_load((DEPLOY / "k8s" / "components" / "servicemonitor" / "prometheusrule.yaml").read_text())
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+
+
+def test_metric_name_extraction() -> None:
+    # The helper the checks above rely on.
+    expr = 'histogram_quantile(0.99, sum by (job, le) (rate(a_b_bucket{job="x", grpc_code=~"A|B"}[5m]))) / ignoring(x) c_d > 0.5'
+    assert metric_names(expr) == {"a_b_bucket", "c_d"}

@@ -1,0 +1,77 @@
+"""`bots-server migrate`: the separate schema command the container image and
+the Kubernetes init container run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import multiprocessing
+from threading import Barrier as BarrierType
+from pathlib import Path
+
+import bots_client
+from tests.ops.support import MetricsServer
+
+
+def migrate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "migrate", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_check_then_migrate_then_serve_without_migrating(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    check = migrate("--db", url, "--check")
+    assert check.returncode == 3, check.stdout + check.stderr
+    assert "empty database" in check.stdout
+
+    done = migrate("--db", url)
+    assert done.returncode == 0, done.stderr
+    again = migrate("--db", url, "--check")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+    # What the image and the pods do: serve with migrations off.
+    server = MetricsServer(url, extra_args=["--migrate", "false"]).start()
+    try:
+        with bots_client.Client(server.address) as client:
+            client.create_experiment("after-migrate")
+    finally:
+        server.stop()
+
+
+def _migrate_at_barrier(url: str, barrier: BarrierType) -> str:
+    """In a child process: connect, wait for the others, then migrate."""
+    from bots_server.service.server import migrate_schema
+    from bots_server.store import Store
+
+    store = Store(url)
+    try:
+        store.ping()
+        barrier.wait(timeout=60)
+        migrate_schema(store)
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__}: {e}"
+    finally:
+        store.close()
+
+
+def test_replicas_migrating_at_once_all_succeed(fresh_pg_url: str) -> None:
+    # Several pods' init containers start together on a rollout. Without the
+    # advisory lock their DDL transactions block each other (until the
+    # statement timeout) or fail on "already exists"; with it they take turns.
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with context.Pool(4) as pool:
+            results = pool.starmap(_migrate_at_barrier, [(fresh_pg_url, barrier)] * 4)
+    assert results == ["ok"] * 4
+    assert migrate("--db", fresh_pg_url, "--check").returncode == 0
+
+
+def test_unreachable_database_waits_then_fails(tmp_path: Path) -> None:
+    # Port 1 on loopback: nothing listens, the connection is refused at once.
+    result = migrate("--db", "postgresql+psycopg://postgres@127.0.0.1:1/none", "--wait-seconds", "1.5")
+    assert result.returncode == 1
+    assert "waiting for the database" in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1].startswith("error: database unavailable")
