@@ -1,0 +1,412 @@
+"""The framework-free part every trainer integration shares.
+
+`Curriculum` binds one experiment on a BOTS server to one dataset: it maps the
+dataset's stable task keys to dataset indices, makes sure the experiment holds
+every task, draws batches with deterministic request keys (so every
+data-parallel rank and every retry gets the same batch), routes reported
+outcomes to the open batch their task came from, and reports from one rank
+only. The torch, verl, TRL and Trinity-RFT adapters are thin shells around it.
+
+Nothing here imports torch or any trainer framework.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bots_client.client import Client
+from bots_client.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
+from bots_client.types import ExperimentConfig, ReportResult, Task
+
+log = logging.getLogger("bots_client.integrations")
+
+OutcomeMap = dict[str, tuple[float, int]]
+
+# Batches drawn but not reported that a Curriculum keeps track of; older ones
+# are forgotten (on the server their leases simply expire).
+MAX_OPEN_BATCHES = 64
+
+
+@dataclass(frozen=True)
+class SelectedBatch:
+    """One batch drawn from the service, in dataset terms.
+
+    `number` is the trainer-side batch counter the request key was built from
+    (`request_key == f"{prefix}-{number}"`); `step` is the experiment's step
+    on the server when the batch was selected.
+    """
+
+    batch_id: str
+    number: int
+    step: int
+    request_key: str
+    keys: tuple[str, ...]
+    indices: tuple[int, ...]
+
+
+def distributed_rank_and_world() -> tuple[int, int]:
+    """This process's (rank, world size): torch.distributed if it is
+    initialised (never imported here), else the RANK / WORLD_SIZE variables
+    that torchrun, accelerate and deepspeed set, else (0, 1)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
+def aggregate_outcomes(
+    keys: Iterable[Any],
+    rewards: Iterable[Any],
+    *,
+    success_threshold: float | None = 0.5,
+) -> OutcomeMap:
+    """Per-task (successes, trials) from per-rollout rewards.
+
+    `keys[i]` names the task of rollout i (repeated once per sample, in any
+    order); `rewards[i]` is its reward. With a threshold, a rollout succeeds
+    when its reward is >= the threshold (binary verifiers, or -1/+1 rewards
+    with threshold 0). With `success_threshold=None` rewards must lie in
+    [0, 1] and count fractionally (the service accepts fractional successes).
+    A reward of None (a reward function that does not apply) is skipped.
+    Nothing is filtered: all-correct and all-wrong groups count like any other.
+    """
+    outcomes: dict[str, list[float]] = {}
+    keys = list(keys)
+    rewards = list(rewards)
+    if len(keys) != len(rewards):
+        raise ValueError(f"got {len(keys)} task keys but {len(rewards)} rewards; one of each per rollout")
+    for key, reward in zip(keys, rewards):
+        if reward is None:
+            continue
+        value = float(reward)
+        if math.isnan(value):
+            raise ValueError(f"reward of task {key!r} is NaN")
+        if success_threshold is None:
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(
+                    f"reward {value} of task {key!r} is outside [0, 1]; pass success_threshold to binarise rewards"
+                )
+            success = value
+        else:
+            success = 1.0 if value >= success_threshold else 0.0
+        slot = outcomes.setdefault(str(key), [0.0, 0])
+        slot[0] += success
+        slot[1] += 1
+    return {key: (s, int(n)) for key, (s, n) in outcomes.items()}
+
+
+def merge_outcomes(parts: Iterable[Mapping[str, tuple[float, int]]]) -> OutcomeMap:
+    """Sum per-task outcomes gathered from several ranks (each rank's
+    rollouts of a task are independent trials)."""
+    merged: dict[str, list[float]] = {}
+    for part in parts:
+        for key, (s, n) in part.items():
+            slot = merged.setdefault(key, [0.0, 0])
+            slot[0] += float(s)
+            slot[1] += int(n)
+    return {key: (s, int(n)) for key, (s, n) in merged.items()}
+
+
+class Curriculum:
+    """One experiment on a BOTS server, seen through one dataset.
+
+    Args:
+        client: a `bots_client.Client`, or the server address ("host:port").
+        experiment: the experiment name. One experiment per training run: the
+            request keys ("step-0", "step-1", ...) are unique within it.
+        keys: the stable task key of every dataset row, `keys[i]` for row i.
+        batch_size: tasks per batch (the global batch, across all ranks).
+        config: create the experiment with this config if it does not exist.
+            Without it the experiment must already exist.
+        features: optional per-row task features (e.g. reference pass rates
+            {"weak": 0.1, "strong": 0.6}), aligned with `keys`, used when
+            tasks are added.
+        request_prefix: request keys are f"{request_prefix}-{number}".
+        rank, world_size: default from torch.distributed / RANK, WORLD_SIZE.
+        report_rank: the one rank that sets the experiment up and reports.
+        setup_timeout: how long non-reporting ranks wait for the reporting
+            rank to create the experiment and add the tasks.
+    """
+
+    def __init__(
+        self,
+        client: Client | str,
+        experiment: str,
+        keys: Sequence[Any],
+        *,
+        batch_size: int,
+        config: ExperimentConfig | None = None,
+        features: Sequence[Mapping[str, float]] | None = None,
+        request_prefix: str = "step",
+        rank: int | None = None,
+        world_size: int | None = None,
+        report_rank: int = 0,
+        setup_timeout: float = 300.0,
+    ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.experiment = experiment
+        self.keys = [str(k) for k in keys]
+        if batch_size > len(self.keys):
+            raise ValueError(f"batch_size = {batch_size} is larger than the dataset of {len(self.keys)} tasks")
+        self.index = _unique_index(self.keys)
+        if features is not None and len(features) != len(self.keys):
+            raise ValueError(f"got {len(features)} feature rows for {len(self.keys)} task keys")
+        self.features = features
+        self.batch_size = int(batch_size)
+        self.config = config
+        self.request_prefix = request_prefix
+        detected_rank, detected_world = distributed_rank_and_world()
+        self.rank = detected_rank if rank is None else int(rank)
+        self.world_size = detected_world if world_size is None else int(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank = {self.rank} is not in [0, world_size = {self.world_size})")
+        self.report_rank = report_rank
+        self.setup_timeout = setup_timeout
+        if isinstance(client, str):
+            self._target: str | None = client
+            self._client: Client | None = None
+        else:
+            self._target = client.target
+            self._client = client
+        self._lock = threading.Lock()
+        self._open: dict[str, SelectedBatch] = {}
+        self._key_batch: dict[str, str] = {}
+        self._ready = False
+        self.next_number = 0
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            assert self._target is not None
+            self._client = Client(self._target)
+        return self._client
+
+    @property
+    def is_reporter(self) -> bool:
+        return self.rank == self.report_rank
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A gRPC channel does not pickle (DataLoader workers, Ray actors): the
+        # copy reconnects to the same address on first use, with a plain
+        # channel (a client built with credentials or metadata is not copied).
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def request_key(self, number: int) -> str:
+        return f"{self.request_prefix}-{number}"
+
+    # -- setup ------------------------------------------------------------------------
+
+    def ensure_ready(self) -> None:
+        """Create the experiment (if a config was given) and add the dataset's
+        tasks it lacks; on other ranks, wait until the reporting rank did."""
+        if self._ready:
+            return
+        if self.is_reporter:
+            self._setup()
+        else:
+            self._wait_for_setup()
+        self._ready = True
+
+    def _setup(self) -> None:
+        client = self.client
+        if self.config is not None:
+            try:
+                client.create_experiment(self.experiment, self.config)
+                log.info("created experiment %r", self.experiment)
+            except AlreadyExistsError:
+                pass
+        try:
+            exp = client.get_experiment(self.experiment)
+        except NotFoundError:
+            raise NotFoundError(
+                f"experiment {self.experiment!r} does not exist on {client.target}; "
+                "create it first or pass config= to create it"
+            ) from None
+        if exp.num_tasks == len(self.keys):
+            return  # the usual restart case; a foreign key is caught at selection time
+        if exp.num_tasks == 0:
+            missing = list(range(len(self.keys)))
+        else:
+            present = set(client.snapshot(self.experiment).keys)
+            foreign = [k for k in present if k not in self.index]
+            if foreign:
+                raise ValueError(
+                    f"experiment {self.experiment!r} holds {len(foreign)} task keys that are not in this dataset "
+                    f"(e.g. {foreign[:3]}); use one experiment per dataset"
+                )
+            missing = [i for i, k in enumerate(self.keys) if k not in present]
+        if missing:
+            client.add_tasks(self.experiment, (self._task(i) for i in missing))
+            log.info("added %d tasks to experiment %r", len(missing), self.experiment)
+
+    def _task(self, i: int) -> Task:
+        features = {} if self.features is None else dict(self.features[i])
+        return Task(self.keys[i], {k: float(v) for k, v in features.items()})
+
+    def _wait_for_setup(self) -> None:
+        deadline = time.monotonic() + self.setup_timeout
+        while True:
+            try:
+                if self.client.get_experiment(self.experiment).num_tasks >= len(self.keys):
+                    return
+            except NotFoundError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank {self.rank}: experiment {self.experiment!r} did not get its {len(self.keys)} tasks "
+                    f"within {self.setup_timeout} s (rank {self.report_rank} sets it up)"
+                )
+            time.sleep(0.2)
+
+    # -- selection --------------------------------------------------------------------
+
+    def select(self, number: int | None = None, batch_size: int | None = None) -> SelectedBatch:
+        """Batch number `number` (default: the next one) of `batch_size` tasks
+        (default: the curriculum's). The same number gives the same batch on
+        every rank and after a restart."""
+        self.ensure_ready()
+        if number is None:
+            number = self.next_number
+        request_key = self.request_key(number)
+        size = self.batch_size if batch_size is None else int(batch_size)
+        batch = self.client.select_batch(self.experiment, size, request_key=request_key)
+        try:
+            indices = tuple(self.index[k] for k in batch.keys)
+        except KeyError as e:
+            raise ValueError(
+                f"the server selected task {e.args[0]!r} of experiment {self.experiment!r}, "
+                "which is not in this dataset; use one experiment per dataset"
+            ) from None
+        selected = SelectedBatch(batch.batch_id, number, batch.step, request_key, tuple(batch.keys), indices)
+        with self._lock:
+            self.next_number = max(self.next_number, number + 1)
+            if batch.batch_id not in self._open:
+                self._open[batch.batch_id] = selected
+                for key in selected.keys:
+                    self._key_batch[key] = batch.batch_id
+                while len(self._open) > MAX_OPEN_BATCHES:  # drawn and never reported (e.g. replayed on resume)
+                    self._forget(next(iter(self._open)))
+        return selected
+
+    @property
+    def open_batches(self) -> list[SelectedBatch]:
+        """Batches drawn and not yet reported, oldest first."""
+        with self._lock:
+            return list(self._open.values())
+
+    def batch_of(self, key: str) -> SelectedBatch | None:
+        with self._lock:
+            batch_id = self._key_batch.get(key)
+            return None if batch_id is None else self._open[batch_id]
+
+    # -- reporting --------------------------------------------------------------------
+
+    def report(self, outcomes: Mapping[str, tuple[float, int]], *, strict: bool = True) -> list[ReportResult]:
+        """Report key -> (successes, trials), each key to the open batch it was
+        drawn in; every batch touched is reported once and closed.
+
+        Only the reporting rank calls the server; the other ranks close the
+        batches locally and return []. Tasks of a batch missing from
+        `outcomes` count as not selected. A key in no open batch raises
+        (strict) or is dropped with a warning. A batch that the server
+        already has with other outcomes (a trainer resumed from a checkpoint
+        older than its last report) is skipped with a warning: the first
+        report stands.
+        """
+        groups: dict[str, dict[str, tuple[float, int]]] = {}
+        stray: list[str] = []
+        with self._lock:
+            for key, (successes, trials) in outcomes.items():
+                batch_id = self._key_batch.get(str(key))
+                if batch_id is None:
+                    stray.append(str(key))
+                    continue
+                groups.setdefault(batch_id, {})[str(key)] = (float(successes), int(trials))
+            batches = [self._open[b] for b in groups]
+        if stray:
+            message = (
+                f"{len(stray)} reported tasks are in no open batch of experiment {self.experiment!r} "
+                f"(already reported, or never selected): {stray[:5]}"
+            )
+            if strict:
+                raise ValueError(message)
+            log.warning(message)
+        results = []
+        for batch in batches:
+            result = self._report_batch(batch, groups[batch.batch_id])
+            if result is not None:
+                results.append(result)
+        return results
+
+    def report_batch(
+        self, batch: SelectedBatch | str, outcomes: Mapping[str, tuple[float, int]]
+    ) -> ReportResult | None:
+        """Report one batch's outcomes explicitly and close it."""
+        with self._lock:
+            selected = self._open.get(batch if isinstance(batch, str) else batch.batch_id)
+        if selected is None:
+            raise ValueError(f"batch {batch if isinstance(batch, str) else batch.batch_id!r} is not open")
+        return self._report_batch(selected, {str(k): (float(s), int(n)) for k, (s, n) in outcomes.items()})
+
+    def _report_batch(self, batch: SelectedBatch, outcomes: Mapping[str, tuple[float, int]]) -> ReportResult | None:
+        result = None
+        if self.is_reporter:
+            try:
+                result = self.client.report_outcomes(self.experiment, batch.batch_id, outcomes)
+            except FailedPreconditionError as e:
+                if "already reported" not in e.message:
+                    raise
+                log.warning(
+                    "batch %s (%s) was already reported; keeping the first report", batch.number, batch.batch_id
+                )
+        self.close(batch)
+        return result
+
+    def close(self, batch: SelectedBatch | str) -> None:
+        """Forget an open batch without reporting it (its lease expires on the server)."""
+        batch_id = batch if isinstance(batch, str) else batch.batch_id
+        with self._lock:
+            self._forget(batch_id)
+
+    def _forget(self, batch_id: str) -> None:
+        selected = self._open.pop(batch_id, None)
+        if selected is not None:
+            for key in selected.keys:
+                if self._key_batch.get(key) == batch_id:
+                    del self._key_batch[key]
+
+
+def _unique_index(keys: Sequence[str]) -> dict[str, int]:
+    index: dict[str, int] = {}
+    duplicates: list[str] = []
+    for i, key in enumerate(keys):
+        if key in index:
+            duplicates.append(key)
+        index[key] = i
+    if duplicates:
+        raise ValueError(
+            f"task keys must be unique per dataset row; {len(duplicates)} repeat (e.g. {duplicates[:3]}); "
+            "key the rows by a unique id column"
+        )
+    return index

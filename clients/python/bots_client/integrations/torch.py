@@ -1,0 +1,250 @@
+"""PyTorch: a `torch.utils.data` sampler that draws every batch from the service.
+
+    from bots_client.integrations.torch import BotsSampler
+
+    sampler = BotsSampler("127.0.0.1:50051", "run-42", keys=dataset_keys, batch_size=64,
+                          config=bots_client.ExperimentConfig(rollouts_per_task=8))
+    loader = DataLoader(dataset, batch_size=sampler.local_batch_size, sampler=sampler)
+    for rows in loader:
+        batch = sampler.last_batch                      # keys / indices of this step
+        rewards = rollout_and_verify(rows)              # n samples per task
+        sampler.report_rewards(task_of_each_sample, rewards)   # or sampler.report({key: (s, n)})
+
+Under DistributedDataParallel every rank builds the same sampler: all ranks ask
+for batch k with request key "step-k" and get the same batch; with
+`shard=True` (default) each rank yields its strided share of it, like
+`DistributedSampler`. `report()` is then collective: the ranks' outcomes are
+all-gathered and exactly one rank (`report_rank`, default 0) reports them.
+`state_dict()` names the experiment and the next batch number; loading it into
+a new sampler continues with the same batches. torchdata's
+`StatefulDataLoader` saves and restores it on its own.
+
+torch is imported when `BotsSampler` / `BotsBatchSampler` is first accessed.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from bots_client.integrations._core import Curriculum, SelectedBatch, aggregate_outcomes, merge_outcomes
+from bots_client.types import ExperimentConfig, ReportResult
+
+if TYPE_CHECKING:
+    from bots_client.client import Client
+
+__all__ = ["BotsBatchSampler", "BotsSampler", "all_gather_outcomes"]
+
+
+def all_gather_outcomes(outcomes: Mapping[str, tuple[float, int]]) -> dict[str, tuple[float, int]]:
+    """Merge per-rank outcomes over torch.distributed (a collective: every
+    rank must call it). Without an initialised process group: a copy."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return {k: (float(s), int(n)) for k, (s, n) in outcomes.items()}
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, dict(outcomes))
+    return merge_outcomes(parts)
+
+
+class _SamplerBase:
+    """What both samplers share; the public classes add torch's base class."""
+
+    def __init__(
+        self,
+        client: Client | str | None = None,
+        experiment: str | None = None,
+        keys: Sequence[Any] | None = None,
+        *,
+        batch_size: int | None = None,
+        num_batches: int | None = None,
+        shard: bool = True,
+        gather: bool = True,
+        config: ExperimentConfig | None = None,
+        features: Sequence[Mapping[str, float]] | None = None,
+        request_prefix: str = "step",
+        rank: int | None = None,
+        world_size: int | None = None,
+        report_rank: int = 0,
+        curriculum: Curriculum | None = None,
+    ) -> None:
+        if curriculum is None:
+            if client is None or experiment is None or keys is None or batch_size is None:
+                raise TypeError("pass client, experiment, keys and batch_size (or a ready curriculum=)")
+            curriculum = Curriculum(
+                client,
+                experiment,
+                keys,
+                batch_size=batch_size,
+                config=config,
+                features=features,
+                request_prefix=request_prefix,
+                rank=rank,
+                world_size=world_size,
+                report_rank=report_rank,
+            )
+        self.curriculum = curriculum
+        world = curriculum.world_size
+        self.shard = bool(shard) and world > 1
+        if self.shard and curriculum.batch_size % world:
+            raise ValueError(f"batch_size = {curriculum.batch_size} does not split evenly over {world} ranks")
+        self.local_batch_size = curriculum.batch_size // world if self.shard else curriculum.batch_size
+        self.num_batches = int(num_batches) if num_batches else max(1, len(curriculum.keys) // curriculum.batch_size)
+        self.gather = gather
+        self.step = 0  # the next batch number to draw
+        self.offset = 0  # indices of batch `step` this rank already yielded
+        self.last_batch: SelectedBatch | None = None
+
+    # -- keys <-> indices -------------------------------------------------------------
+
+    @property
+    def experiment(self) -> str:
+        return self.curriculum.experiment
+
+    def key_of(self, index: int) -> str:
+        return self.curriculum.keys[int(index)]
+
+    def index_of(self, key: str) -> int:
+        return self.curriculum.index[key]
+
+    def local_indices(self, batch: SelectedBatch) -> list[int]:
+        """This rank's share of a batch (strided, like DistributedSampler)."""
+        indices = list(batch.indices)
+        if self.shard:
+            return indices[self.curriculum.rank :: self.curriculum.world_size]
+        return indices
+
+    def _epoch_batches(self) -> Iterator[tuple[SelectedBatch, list[int]]]:
+        end = (self.step // self.num_batches + 1) * self.num_batches
+        while self.step < end:
+            batch = self.curriculum.select(self.step)
+            self.last_batch = batch
+            yield batch, self.local_indices(batch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """DistributedSampler compatibility; batches follow the service, not epochs."""
+
+    # -- reporting --------------------------------------------------------------------
+
+    def report(
+        self, outcomes: Mapping[str, tuple[float, int]], *, gather: bool | None = None, strict: bool = True
+    ) -> list[ReportResult]:
+        """Report key -> (successes, trials) for tasks drawn by this sampler.
+
+        Under torch.distributed with `gather` (default), this is a collective:
+        every rank passes its own tasks' outcomes, they are merged, and only
+        the reporting rank calls the server. Returns the server's answers on
+        the reporting rank, [] elsewhere."""
+        if self.gather if gather is None else gather:
+            outcomes = all_gather_outcomes(outcomes)
+        return self.curriculum.report(outcomes, strict=strict)
+
+    def report_rewards(
+        self,
+        tasks: Sequence[Any],
+        rewards: Sequence[Any],
+        *,
+        success_threshold: float | None = 0.5,
+        gather: bool | None = None,
+    ) -> list[ReportResult]:
+        """Report per-rollout rewards: `tasks[i]` is rollout i's dataset index
+        (int) or task key (str), `rewards[i]` its reward (see
+        `aggregate_outcomes` for the threshold)."""
+        keys = [self.key_of(t) if _is_index(t) else str(t) for t in tasks]
+        return self.report(aggregate_outcomes(keys, rewards, success_threshold=success_threshold), gather=gather)
+
+    # -- checkpointing ----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "experiment": self.curriculum.experiment,
+            "step": self.step,
+            "offset": self.offset,
+            "batch_size": self.curriculum.batch_size,
+            "request_prefix": self.curriculum.request_prefix,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state["experiment"] != self.curriculum.experiment:
+            raise ValueError(
+                f"checkpoint is of experiment {state['experiment']!r}, this sampler uses {self.curriculum.experiment!r}"
+            )
+        if int(state.get("batch_size", self.curriculum.batch_size)) != self.curriculum.batch_size:
+            raise ValueError(
+                f"checkpoint used batch_size = {state['batch_size']}, this sampler {self.curriculum.batch_size}"
+            )
+        if state.get("request_prefix", self.curriculum.request_prefix) != self.curriculum.request_prefix:
+            raise ValueError("checkpoint used another request_prefix")
+        self.step = int(state["step"])
+        self.offset = int(state.get("offset", 0))
+        self.curriculum.next_number = max(self.curriculum.next_number, self.step)
+
+
+class _BotsSampler(_SamplerBase):
+    """Yields dataset indices one at a time, `local_batch_size` per batch:
+    use with `DataLoader(dataset, batch_size=sampler.local_batch_size,
+    sampler=sampler)` (and `drop_last=True` or a divisible length)."""
+
+    def __iter__(self) -> Iterator[int]:
+        for _batch, local in self._epoch_batches():
+            for j in range(self.offset, len(local)):
+                # Advance the position before yielding, so a state_dict taken
+                # right after the last index of a batch points at the next batch.
+                if j + 1 == len(local):
+                    self.step, self.offset = self.step + 1, 0
+                else:
+                    self.offset = j + 1
+                yield local[j]
+
+    def __len__(self) -> int:
+        return self.num_batches * self.local_batch_size
+
+
+class _BotsBatchSampler(_SamplerBase):
+    """Yields one list of dataset indices per service batch (this rank's
+    share): `DataLoader(dataset, batch_sampler=sampler)`."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _batch, local in self._epoch_batches():
+            self.step, self.offset = self.step + 1, 0
+            yield local
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+
+def _is_index(value: Any) -> bool:
+    """A dataset index: a Python or numpy integer, or a 0-d integer tensor."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, numbers.Integral):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return getattr(value, "ndim", None) == 0 and dtype is not None and "int" in str(dtype)
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _build(name: str) -> type:
+    if name not in _CLASSES:
+        from torch.utils.data import Sampler
+
+        for public, impl in (("BotsSampler", _BotsSampler), ("BotsBatchSampler", _BotsBatchSampler)):
+            cls = type(public, (impl, Sampler), {"__doc__": impl.__doc__, "__module__": __name__})
+            cls.__qualname__ = public
+            _CLASSES[public] = cls
+    return _CLASSES[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("BotsSampler", "BotsBatchSampler"):
+        return _build(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    BotsSampler = _BotsSampler
+    BotsBatchSampler = _BotsBatchSampler

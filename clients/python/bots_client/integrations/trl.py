@@ -1,0 +1,258 @@
+"""TRL: let `GRPOTrainer` draw its prompts from the BOTS service.
+
+Two pieces, both from one `BotsGRPO` object:
+
+- `bots.trainer_class(GRPOTrainer)`: a subclass whose `_get_train_sampler`
+  returns a `BotsRepeatSampler`. It repeats indices exactly like TRL's
+  `RepeatSampler` (each prompt `num_generations` times, each generation batch
+  `num_iterations * steps_per_generation` times), but every generation batch
+  of `generation_batch_size // num_generations` prompts is one SelectBatch,
+  with request key "step-k" so that every process gets the same prompts.
+- `bots.reward(fn)`: wraps your correctness reward function. It returns
+  fn's rewards unchanged and, during training, turns them into per-task
+  (successes, trials), all-gathers them across processes and reports them
+  from the main process only.
+
+    from trl import GRPOConfig, GRPOTrainer
+    from bots_client.integrations.trl import BotsGRPO
+
+    bots = BotsGRPO("127.0.0.1:50051", "grpo-run-1", dataset=train_dataset, key_column="task_key",
+                    config=bots_client.ExperimentConfig(rollouts_per_task=8))
+    Trainer = bots.trainer_class(GRPOTrainer)
+    trainer = Trainer(model=model, args=GRPOConfig(num_generations=8, ...), train_dataset=train_dataset,
+                      reward_funcs=[bots.reward(accuracy_reward), format_reward])
+    trainer.train()
+
+The dataset needs a column of stable, unique task keys (`key_column`); TRL
+passes it to reward functions. Prompts are selected one generation batch
+ahead (accelerate prefetches a batch): the lease keeps the two batches
+disjoint. On `resume_from_checkpoint`, the Trainer replays the sampler to
+the saved step; the request keys give back the same batches and the ones
+already reported are not reported again.
+
+TRL is imported only by `trainer_class()` (and torch by the sampler).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from bots_client.integrations._core import Curriculum, aggregate_outcomes
+from bots_client.integrations.torch import all_gather_outcomes
+from bots_client.types import ExperimentConfig, ReportResult
+
+if TYPE_CHECKING:
+    from bots_client.client import Client
+
+__all__ = ["BotsGRPO", "BotsRepeatSampler"]
+
+log = logging.getLogger("bots_client.integrations.trl")
+
+
+class _RepeatSampler:
+    """TRL's RepeatSampler index pattern, with each chunk of `batch_size`
+    prompts drawn from the service."""
+
+    def __init__(
+        self,
+        curriculum: Curriculum,
+        *,
+        mini_repeat_count: int,
+        batch_size: int,
+        repeat_count: int = 1,
+        num_batches: int | None = None,
+    ) -> None:
+        self.curriculum = curriculum
+        self.mini_repeat_count = int(mini_repeat_count)
+        self.batch_size = int(batch_size)
+        self.repeat_count = int(repeat_count)
+        self.num_batches = int(num_batches) if num_batches else max(1, len(curriculum.keys) // self.batch_size)
+        self.step = 0
+
+    def __iter__(self) -> Iterator[int]:
+        end = (self.step // self.num_batches + 1) * self.num_batches
+        while self.step < end:
+            batch = self.curriculum.select(self.step, batch_size=self.batch_size)
+            self.step += 1
+            for _ in range(self.repeat_count):
+                for index in batch.indices:
+                    for _ in range(self.mini_repeat_count):
+                        yield index
+
+    def __len__(self) -> int:
+        return self.num_batches * self.batch_size * self.mini_repeat_count * self.repeat_count
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"experiment": self.curriculum.experiment, "step": self.step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state["experiment"] != self.curriculum.experiment:
+            raise ValueError(f"checkpoint is of experiment {state['experiment']!r}")
+        self.step = int(state["step"])
+
+
+class BotsGRPO:
+    """The glue between one GRPOTrainer run and one experiment.
+
+    Args:
+        client: a `bots_client.Client` or the server address.
+        experiment: the experiment (one per training run).
+        keys: the task key of every train-dataset row; or give `dataset`
+            and `key_column` to read them.
+        config: create the experiment with this config if it is missing
+            (set rollouts_per_task = num_generations).
+        features: per-row task features (reference pass rates), optional.
+        success_threshold: a rollout succeeds when the wrapped reward is >=
+            this (None: rewards in [0, 1] count fractionally).
+        num_batches: generation batches per epoch (default: dataset size //
+            prompts per generation batch, as TRL's RepeatSampler).
+    """
+
+    def __init__(
+        self,
+        client: Client | str,
+        experiment: str,
+        keys: Sequence[Any] | None = None,
+        *,
+        dataset: Any = None,
+        key_column: str = "task_key",
+        config: ExperimentConfig | None = None,
+        features: Sequence[Mapping[str, float]] | None = None,
+        success_threshold: float | None = 0.5,
+        num_batches: int | None = None,
+        request_prefix: str = "step",
+    ) -> None:
+        if keys is None:
+            if dataset is None:
+                raise TypeError("pass keys= or dataset= (with key_column)")
+            keys = list(dataset[key_column])
+        self.key_column = key_column
+        self.success_threshold = success_threshold
+        self.num_batches = num_batches
+        # The batch size is the trainer's (generation_batch_size // num_generations),
+        # known once the trainer exists; _get_train_sampler sets it.
+        self.curriculum = Curriculum(
+            client,
+            experiment,
+            keys,
+            batch_size=1,
+            config=config,
+            features=features,
+            request_prefix=request_prefix,
+        )
+        self.trainer: Any = None
+        self.sampler: _RepeatSampler | None = None
+        self.reports: list[ReportResult] = []
+
+    # -- the trainer ------------------------------------------------------------------
+
+    def attach(self, trainer: Any) -> None:
+        """Bind to a GRPOTrainer: ranks come from its accelerator, and rewards
+        are reported only while its model trains (not during evaluation)."""
+        self.trainer = trainer
+        accelerator = getattr(trainer, "accelerator", None)
+        if accelerator is not None:
+            self.curriculum.rank = int(accelerator.process_index)
+            self.curriculum.world_size = int(accelerator.num_processes)
+
+    def make_sampler(self, trainer: Any, dataset: Any = None) -> Any:
+        """The sampler GRPOTrainer._get_train_sampler should return."""
+        if self.trainer is not trainer:
+            self.attach(trainer)
+        if dataset is not None and len(dataset) != len(self.curriculum.keys):
+            raise ValueError(
+                f"the train dataset has {len(dataset)} rows but BotsGRPO was given {len(self.curriculum.keys)} keys"
+            )
+        args = trainer.args
+        prompts = args.generation_batch_size // trainer.num_generations
+        self.curriculum.batch_size = prompts
+        self.sampler = _build()(
+            self.curriculum,
+            mini_repeat_count=trainer.num_generations,
+            batch_size=prompts,
+            repeat_count=trainer.num_iterations * args.steps_per_generation,
+            num_batches=self.num_batches,
+        )
+        return self.sampler
+
+    def trainer_class(self, base: type | None = None) -> type:
+        """A subclass of `base` (default trl.GRPOTrainer) drawing its train
+        prompts through this object."""
+        if base is None:
+            from trl import GRPOTrainer as base
+        bots = self
+
+        class BotsGRPOTrainer(base):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                bots.attach(self)
+
+            def _get_train_sampler(self, dataset: Any = None) -> Any:
+                return bots.make_sampler(self, self.train_dataset if dataset is None else dataset)
+
+        BotsGRPOTrainer.__qualname__ = BotsGRPOTrainer.__name__ = f"Bots{base.__name__}"
+        return BotsGRPOTrainer
+
+    # -- rewards ----------------------------------------------------------------------
+
+    def _training(self) -> bool:
+        model = getattr(self.trainer, "model", None)
+        return True if model is None else bool(getattr(model, "training", True))
+
+    def report_rewards(self, keys: Sequence[Any], rewards: Sequence[Any]) -> list[ReportResult]:
+        """Report this process's per-completion rewards (a collective under
+        torch.distributed: every process calls it; the main one reports)."""
+        clean = [None if r is None or (isinstance(r, float) and math.isnan(r)) else r for r in rewards]
+        outcomes = aggregate_outcomes(keys, clean, success_threshold=self.success_threshold)
+        merged = all_gather_outcomes(outcomes)
+        results = self.curriculum.report(merged, strict=False)
+        self.reports.extend(results)
+        return results
+
+    def reward(self, fn: Callable[..., Sequence[Any]], *, key_column: str | None = None) -> Callable[..., Any]:
+        """Wrap a TRL reward function: same rewards out, and during training
+        the outcomes of this generation batch reported to the service."""
+        column = key_column or self.key_column
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            rewards = fn(*args, **kwargs)
+            if self._training():
+                if column not in kwargs:
+                    raise KeyError(
+                        f"reward function got no {column!r} column; keep the task-key column in the train dataset"
+                    )
+                self.report_rewards(kwargs[column], list(rewards))
+            return rewards
+
+        return wrapped
+
+
+_CLASS: type | None = None
+
+
+def _build() -> type:
+    global _CLASS
+    if _CLASS is None:
+        from torch.utils.data import Sampler
+
+        cls = type(
+            "BotsRepeatSampler", (_RepeatSampler, Sampler), {"__doc__": _RepeatSampler.__doc__, "__module__": __name__}
+        )
+        cls.__qualname__ = "BotsRepeatSampler"
+        _CLASS = cls
+    return _CLASS
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BotsRepeatSampler":
+        return _build()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    BotsRepeatSampler = _RepeatSampler

@@ -1,0 +1,169 @@
+"""The framework-free core of the integrations (no torch needed), against a
+real server."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import bots_client
+import pytest
+from bots_client.integrations import Curriculum, aggregate_outcomes, merge_outcomes
+
+from tests.integrations.conftest import EXACT, counts
+
+
+def test_import_bots_client_does_not_import_frameworks() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, bots_client, bots_client.integrations, bots_client.integrations.trinity, "
+        "bots_client.integrations.vllm, bots_client.integrations.torch, bots_client.integrations.verl, "
+        "bots_client.integrations.trl\n"
+        "loaded = [m for m in ('torch', 'verl', 'trl', 'trinity', 'vllm', 'transformers') if m in sys.modules]\n"
+        "print(','.join(loaded))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_aggregate_outcomes_counts_every_rollout_without_filtering() -> None:
+    keys = ["a", "b", "a", "c", "b", "a", "c", "c"]
+    rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 0.2, 0.0, 0.0]
+    assert aggregate_outcomes(keys, rewards) == {"a": (2.0, 3), "b": (0.0, 2), "c": (0.0, 3)}
+    # -1/+1 rewards with threshold 0; None (reward not applicable) is skipped.
+    assert aggregate_outcomes(["x", "x", "x", "y"], [1, -1, None, -1], success_threshold=0.0) == {
+        "x": (1.0, 2),
+        "y": (0.0, 1),
+    }
+    fractional = aggregate_outcomes(["x", "x"], [0.25, 1.0], success_threshold=None)
+    assert fractional == {"x": (1.25, 2)}
+    with pytest.raises(ValueError, match="outside"):
+        aggregate_outcomes(["x"], [2.0], success_threshold=None)
+    with pytest.raises(ValueError, match="NaN"):
+        aggregate_outcomes(["x"], [math.nan])
+    with pytest.raises(ValueError, match="one of each"):
+        aggregate_outcomes(["x", "y"], [1.0])
+    assert merge_outcomes([{"a": (1, 2)}, {"a": (2, 2), "b": (0, 4)}]) == {"a": (3.0, 4), "b": (0.0, 4)}
+
+
+def test_setup_creates_adds_tasks_with_features_and_reattaches(client: bots_client.Client, exp_name: str) -> None:
+    keys = [f"k{i}" for i in range(10)]
+    features = [{"weak": 0.01 * i, "strong": 0.1 * i} for i in range(10)]
+    config = bots_client.ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=3)
+    first = Curriculum(client, exp_name, keys, batch_size=4, config=config, features=features)
+    batch = first.select()
+    assert batch.number == 0 and batch.request_key == "step-0" and len(batch.keys) == 4
+    assert [keys[i] for i in batch.indices] == list(batch.keys)
+    assert client.get_experiment(exp_name).num_tasks == 10
+    # A second curriculum (a restarted trainer) attaches without adding again,
+    # and the same batch number gives the same batch.
+    again = Curriculum(client.target, exp_name, keys, batch_size=4, config=config, features=features)
+    assert again.select(0) == batch
+    # A dataset that grew: the missing tasks are added.
+    grown = Curriculum(client, exp_name, keys + ["k10", "k11"], batch_size=4)
+    grown.ensure_ready()
+    assert client.get_experiment(exp_name).num_tasks == 12
+
+
+def test_setup_errors_are_explicit(client: bots_client.Client, exp_name: str) -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Curriculum(client, exp_name, ["a", "b", "a"], batch_size=1)
+    with pytest.raises(ValueError, match="larger than the dataset"):
+        Curriculum(client, exp_name, ["a"], batch_size=2)
+    with pytest.raises(bots_client.NotFoundError, match="pass config="):
+        Curriculum(client, exp_name, ["a", "b"], batch_size=1).ensure_ready()
+    Curriculum(client, exp_name, ["a", "b", "c"], batch_size=1, config=EXACT).ensure_ready()
+    with pytest.raises(ValueError, match="not in this dataset"):
+        Curriculum(client, exp_name, ["a", "b"], batch_size=1).ensure_ready()
+
+
+def test_non_reporting_rank_waits_for_setup(client: bots_client.Client, exp_name: str) -> None:
+    keys = [f"k{i}" for i in range(8)]
+    follower = Curriculum(client.target, exp_name, keys, batch_size=2, config=EXACT, rank=1, world_size=2)
+    leader = Curriculum(client.target, exp_name, keys, batch_size=2, config=EXACT, rank=0, world_size=2)
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("b", follower.select(0)))
+    t.start()  # polls: the experiment does not exist yet
+    assert leader.select(0) is not None
+    t.join(30)
+    assert got["b"].batch_id == leader.select(0).batch_id
+
+
+def test_report_routes_keys_to_their_open_batches(client: bots_client.Client, exp_name: str) -> None:
+    keys = [f"k{i}" for i in range(12)]
+    cur = Curriculum(client, exp_name, keys, batch_size=3, config=EXACT)
+    b0, b1 = cur.select(), cur.select()  # two batches in flight: disjoint (leases)
+    assert not set(b0.keys) & set(b1.keys)
+    outcomes = {k: (1.0, 4) for k in b0.keys} | {k: (3.0, 4) for k in b1.keys}
+    results = cur.report(outcomes)
+    assert len(results) == 2 and client.get_experiment(exp_name).step == 2
+    assert cur.open_batches == []
+    got = counts(client, exp_name)
+    assert all(got[k] == (1.0, 3.0) for k in b0.keys) and all(got[k] == (3.0, 1.0) for k in b1.keys)
+    with pytest.raises(ValueError, match="no open batch"):
+        cur.report({b0.keys[0]: (1.0, 4)})
+
+
+def test_non_strict_report_drops_strays_and_non_reporter_never_calls(
+    client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = [f"k{i}" for i in range(6)]
+    cur = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    batch = cur.select()
+    with caplog.at_level(logging.WARNING, logger="bots_client.integrations"):
+        cur.report({batch.keys[0]: (1, 2), "k-unknown": (1, 2)}, strict=False)
+    assert "no open batch" in caplog.text
+    assert client.get_experiment(exp_name).step == 1
+    other = Curriculum(client, exp_name, keys, batch_size=2, rank=1, world_size=2)
+    b = other.select(1)
+    assert other.report({k: (1, 2) for k in b.keys}) == []
+    assert client.get_experiment(exp_name).step == 1  # rank 1 never reports
+    assert other.open_batches == []  # but it closed the batch locally
+
+
+def test_replayed_batch_after_a_crash_keeps_the_first_report(
+    client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = [f"k{i}" for i in range(6)]
+    before = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    batch = before.select(0)
+    before.report({k: (2, 2) for k in batch.keys})
+    # The trainer crashed before its checkpoint: the restarted one replays
+    # batch 0 (same request key -> same batch) with new rollouts.
+    after = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    assert after.select(0).batch_id == batch.batch_id
+    with caplog.at_level(logging.WARNING, logger="bots_client.integrations"):
+        assert after.report({k: (0, 2) for k in batch.keys}) == []
+    assert "already reported" in caplog.text
+    assert client.get_experiment(exp_name).step == 1
+    assert all(counts(client, exp_name)[k] == (2.0, 0.0) for k in batch.keys)
+
+
+def test_curriculum_pickles_without_its_channel(client: bots_client.Client, exp_name: str) -> None:
+    import pickle
+
+    cur = Curriculum(client, exp_name, ["a", "b", "c"], batch_size=1, config=EXACT)
+    first = cur.select()
+    copy = pickle.loads(pickle.dumps(cur))
+    assert copy.select(0).batch_id == first.batch_id  # reconnects to the same address
+    copy.client.close()
+
+
+def test_every_integration_has_a_docs_page_with_a_snippet() -> None:
+    from tests.support.servers import REPO
+
+    docs = REPO / "docs" / "integrations"
+    index = (docs / "index.md").read_text()
+    for page, entry in [
+        ("torch.md", "BotsSampler"),
+        ("verl.md", "BotsCurriculumSampler"),
+        ("trl.md", "BotsGRPO"),
+        ("trinity.md", "BotsSelector"),
+        ("vllm.md", "rollout_and_report"),
+    ]:
+        text = (docs / page).read_text()
+        assert f"({page})" in index and "```" in text and entry in text, page
+    assert (REPO / "examples" / "grpo_curriculum" / "README.md").exists()

@@ -1,0 +1,237 @@
+"""bots_client.integrations.torch against real torch and a real server:
+DataLoader batches, DDP (simulated ranks in threads, and two real gloo
+processes), checkpoint/resume."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+import bots_client
+import pytest
+
+from tests.integrations.conftest import EXACT, counts, need
+
+torch = need("torch")
+from bots_client.integrations.torch import BotsBatchSampler, BotsSampler
+from torch.utils.data import DataLoader
+
+KEYS = [f"task-{i:02d}" for i in range(16)]
+
+
+class KeyedDataset(torch.utils.data.Dataset):
+    """Rows carry their own task key, as a real dataset would."""
+
+    def __len__(self) -> int:
+        return len(KEYS)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"key": KEYS[i], "x": torch.tensor([float(i)])}
+
+
+def outcome_of(key: str) -> tuple[float, int]:
+    """A deterministic verifier result: task i solves i % 5 of 4 rollouts."""
+    i = int(key.split("-")[1])
+    return (float(min(i % 5, 4)), 4)
+
+
+def test_sampler_is_a_torch_sampler_and_drives_a_dataloader(client: bots_client.Client, exp_name: str) -> None:
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, num_batches=3, config=EXACT)
+    assert isinstance(sampler, torch.utils.data.Sampler)
+    loader = DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler)
+    assert len(loader) == 3 and len(sampler) == 12
+    reported: dict[str, tuple[float, int]] = {}
+    for step, rows in enumerate(loader):
+        batch = sampler.last_batch
+        assert batch is not None and batch.number == step
+        assert rows["key"] == list(batch.keys)  # the rows are exactly the service's batch
+        outcomes = {k: outcome_of(k) for k in rows["key"]}
+        results = sampler.report(outcomes)
+        assert [r.step for r in results] == [step + 1]
+        for k, (s, n) in outcomes.items():
+            prev = reported.get(k, (0.0, 0))
+            reported[k] = (prev[0] + s, prev[1] + n)
+    assert client.get_experiment(exp_name).step == 3
+    got = counts(client, exp_name)
+    for key, (s, n) in reported.items():
+        assert got[key] == (s, n - s)
+    # A second epoch continues the batch numbering (request keys stay unique).
+    next(iter(loader))
+    assert sampler.last_batch.number == 3
+
+
+def test_report_rewards_aggregates_per_rollout_rewards(client: bots_client.Client, exp_name: str) -> None:
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=2, config=EXACT)
+    indices = list(iter(sampler))[:2]
+    # 3 rollouts per task, rewards -1/+1, tasks named by dataset index.
+    tasks = [indices[0]] * 3 + [indices[1]] * 3
+    rewards = [1, 1, -1, -1, -1, -1]
+    sampler.report_rewards(torch.tensor(tasks), torch.tensor(rewards), success_threshold=0.0)
+    got = counts(client, exp_name)
+    assert got[KEYS[indices[0]]] == (2.0, 1.0) and got[KEYS[indices[1]]] == (0.0, 3.0)
+
+
+def test_ranks_in_threads_get_the_same_batch_and_only_rank0_reports(address: str, exp_name: str) -> None:
+    world, num_batches = 2, 3
+    seen: dict[int, list[Any]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(world)
+
+    def rank_main(rank: int) -> None:
+        try:
+            sampler = BotsSampler(
+                address, exp_name, KEYS, batch_size=4, num_batches=num_batches, config=EXACT,
+                rank=rank, world_size=world, gather=False,
+            )  # fmt: skip
+            assert sampler.local_batch_size == 2
+            out = []
+            for rows in DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler):
+                batch = sampler.last_batch
+                barrier.wait()
+                # Every rank reports the whole batch, each with its own numbers:
+                # only rank 0's may be applied.
+                results = sampler.report({k: (float(rank + 1), 4) for k in batch.keys})
+                out.append((batch.batch_id, batch.keys, rows["key"], len(results)))
+                barrier.wait()
+            seen[rank] = out
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for (id0, keys0, local0, n0), (id1, keys1, local1, n1) in zip(seen[0], seen[1]):
+        assert id0 == id1 and keys0 == keys1  # same batch on both ranks
+        assert local0 == list(keys0[0::2]) and local1 == list(keys0[1::2])  # disjoint strided shares
+        assert (n0, n1) == (1, 0)  # one report, from rank 0
+    assert client_step(address, exp_name) == num_batches
+    expected: dict[str, tuple[float, float]] = {}
+    for _, keys, _, _ in seen[0]:
+        for k in keys:  # rank 0's outcomes: 1 success of 4, per batch the task was in
+            s, f = expected.get(k, (0.0, 0.0))
+            expected[k] = (s + 1.0, f + 3.0)
+    got = counts(bots_client.Client(address), exp_name)
+    assert {k: got[k] for k in expected} == expected
+
+
+def client_step(address: str, experiment: str) -> int:
+    with bots_client.Client(address) as c:
+        return c.get_experiment(experiment).step
+
+
+def _ddp_worker(rank: int, world: int, address: str, experiment: str, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        sampler = BotsSampler(address, experiment, KEYS, batch_size=4, num_batches=3, config=EXACT)
+        assert (sampler.curriculum.rank, sampler.curriculum.world_size) == (rank, world)
+        out = []
+        for rows in DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler):
+            # Each rank rolled out only its share; report() all-gathers and rank 0 reports.
+            results = sampler.report({k: (float(rank + 1), 3) for k in rows["key"]})
+            out.append({"batch_id": sampler.last_batch.batch_id, "keys": list(sampler.last_batch.keys),
+                        "local": list(rows["key"]), "reports": len(results)})  # fmt: skip
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_ddp_worker, args=(world, address, exp_name, str(tmp_path / "init"), str(tmp_path)), nprocs=world)
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert len(r0) == len(r1) == 3
+    for a, b in zip(r0, r1):
+        assert a["batch_id"] == b["batch_id"] and a["keys"] == b["keys"]
+        assert a["local"] == a["keys"][0::2] and b["local"] == a["keys"][1::2]
+        assert (a["reports"], b["reports"]) == (1, 0)
+    assert client_step(address, exp_name) == 3
+    expected: dict[str, tuple[float, float]] = {}
+    for batch in r0:  # the merged outcomes of both ranks, applied once per batch
+        for j, key in enumerate(batch["keys"]):
+            rank = j % world
+            s, f = expected.get(key, (0.0, 0.0))
+            expected[key] = (s + rank + 1, f + 3 - (rank + 1))
+    got = counts(bots_client.Client(address), exp_name)
+    assert {k: got[k] for k in expected} == expected
+
+
+def _draw(sampler: Any, n_batches: int) -> list[tuple[str, ...]]:
+    """Draw n batches through the flat index stream and report each."""
+    out = []
+    it = iter(sampler)
+    for _ in range(n_batches):
+        indices = [next(it) for _ in range(sampler.local_batch_size)]
+        batch = sampler.last_batch
+        assert [sampler.index_of(k) for k in batch.keys] == indices
+        sampler.report({k: outcome_of(k) for k in batch.keys})
+        out.append(batch.keys)
+    return out
+
+
+def test_resume_from_state_dict_continues_with_the_same_batches(address: str, exp_name: str) -> None:
+    config = bots_client.ExperimentConfig(seed=11, rollouts_per_task=4)  # BOTS, forgetting on
+    reference = BotsSampler(address, exp_name + "-ref", KEYS, batch_size=4, num_batches=50, config=config)
+    expected = _draw(reference, 5)
+
+    first = BotsSampler(address, exp_name, KEYS, batch_size=4, num_batches=50, config=config)
+    got = _draw(first, 2)
+    state = pickle.loads(pickle.dumps(first.state_dict()))  # as a checkpoint would store it
+    assert state["experiment"] == exp_name and state["step"] == 2 and state["offset"] == 0
+
+    resumed = BotsSampler(address, exp_name, KEYS, batch_size=4, num_batches=50, config=config)
+    resumed.load_state_dict(state)
+    got += _draw(resumed, 3)
+    assert got == expected
+    assert resumed.last_batch.number == 4 and client_step(address, exp_name) == 5
+
+    with pytest.raises(ValueError, match="experiment"):
+        BotsSampler(address, "other-exp", KEYS, batch_size=4, config=config).load_state_dict(state)
+    with pytest.raises(ValueError, match="batch_size"):
+        BotsSampler(address, exp_name, KEYS, batch_size=2, config=config).load_state_dict(state)
+
+
+def test_resume_mid_batch_yields_the_rest_of_that_batch(client: bots_client.Client, exp_name: str) -> None:
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, num_batches=10, config=EXACT)
+    it = iter(sampler)
+    first_two = [next(it) for _ in range(2)]
+    state = sampler.state_dict()
+    assert (state["step"], state["offset"]) == (0, 2)
+    batch = sampler.last_batch
+    resumed = BotsSampler(client, exp_name, KEYS, batch_size=4, num_batches=10, config=EXACT)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    rest = [next(it) for _ in range(2)]
+    assert first_two + rest == list(batch.indices)
+    assert resumed.state_dict()["step"] >= 1
+
+
+def test_batch_sampler_yields_one_service_batch_per_step(client: bots_client.Client, exp_name: str) -> None:
+    sampler = BotsBatchSampler(client, exp_name, KEYS, batch_size=5, num_batches=2, config=EXACT)
+    loader = DataLoader(KeyedDataset(), batch_sampler=sampler)
+    assert len(loader) == 2
+    for rows in loader:
+        assert rows["key"] == list(sampler.last_batch.keys)
+        sampler.report({k: (1.0, 2) for k in rows["key"]})
+    assert client.get_experiment(exp_name).step == 2
+    assert sampler.state_dict()["step"] == 2
+
+
+def test_sampler_pickles(client: bots_client.Client, exp_name: str) -> None:
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, config=EXACT)
+    first = next(iter(sampler))
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert type(copy) is type(sampler) and copy.state_dict() == sampler.state_dict()
+    copy.load_state_dict({**sampler.state_dict(), "step": 0, "offset": 0})
+    assert next(iter(copy)) == first

@@ -1,0 +1,135 @@
+"""bots_client.integrations.trl: the sampler pattern against TRL's
+RepeatSampler, and a real GRPOTrainer run (a tiny GPT-2 and a word-level
+tokenizer built in code, on CPU) whose prompts come from the service and
+whose rewards are reported once per generation batch."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+import bots_client
+import pytest
+
+from tests.integrations.conftest import EXACT, counts, need
+
+torch = need("torch")
+
+from bots_client.integrations._core import Curriculum
+from bots_client.integrations.trl import BotsGRPO, BotsRepeatSampler
+
+N_TASKS = 12
+
+
+def test_repeat_pattern_matches_trl_repeat_sampler(client: bots_client.Client, exp_name: str) -> None:
+    cur = Curriculum(client, exp_name, [f"k{i}" for i in range(N_TASKS)], batch_size=3, config=EXACT)
+    sampler = BotsRepeatSampler(cur, mini_repeat_count=2, batch_size=3, repeat_count=2, num_batches=2)
+    assert len(sampler) == 2 * 3 * 2 * 2
+    it = iter(sampler)
+    first = list(itertools.islice(it, 12))
+    chunk = list(cur.select(0, batch_size=3).indices)
+    # RepeatSampler's layout: each index mini_repeat_count times, the chunk repeat_count times.
+    assert first == [i for _ in range(2) for i in chunk for _ in range(2)]
+    cur.report({k: (1, 2) for k in cur.select(0, batch_size=3).keys})
+    second = list(itertools.islice(it, 12))
+    assert second[:6] == second[6:] and len(set(second)) == 3
+    assert sampler.state_dict() == {"experiment": exp_name, "step": 2}
+    trl_utils = pytest.importorskip("trl.trainer.utils")
+    reference = list(trl_utils.RepeatSampler(list(range(N_TASKS)), mini_repeat_count=2, batch_size=3,
+                                             repeat_count=2, shuffle=False))[:12]  # fmt: skip
+    assert [i - reference[0] for i in reference] == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
+
+
+def _tiny_model_and_tokenizer() -> tuple[Any, Any]:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[EOS]", "solve", "task", "yes", "no"] + [str(i) for i in range(N_TASKS)]
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]", padding_side="left"
+    )
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=1, n_head=2,
+        bos_token_id=vocab["[EOS]"], eos_token_id=vocab["[EOS]"], pad_token_id=vocab["[PAD]"],
+    )  # fmt: skip
+    return GPT2LMHeadModel(config), tokenizer
+
+
+def test_real_grpo_trainer_draws_prompts_from_the_service_and_reports_once_per_step(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    need("trl")
+    import datasets
+    from trl import GRPOConfig, GRPOTrainer
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model, tokenizer = _tiny_model_and_tokenizer()
+    train = datasets.Dataset.from_dict({
+        "prompt": [f"solve task {i}" for i in range(N_TASKS)],
+        "task_key": [f"task-{i}" for i in range(N_TASKS)],
+    })  # fmt: skip
+    seen_keys: list[list[str]] = []
+
+    def correct(prompts: list[str], completions: list[str], task_key: list[str], **kwargs: Any) -> list[float]:
+        seen_keys.append(list(task_key))
+        # A verifier whose answer depends only on the task: even tasks pass.
+        return [1.0 if int(k.split("-")[1]) % 2 == 0 else 0.0 for k in task_key]
+
+    bots = BotsGRPO(address, exp_name, dataset=train, key_column="task_key", config=EXACT)
+    trainer_cls = bots.trainer_class(GRPOTrainer)
+    assert issubclass(trainer_cls, GRPOTrainer)
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
+        max_steps=3, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+        seed=0, disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = trainer_cls(model=model, processing_class=tokenizer, reward_funcs=[bots.reward(correct)],
+                          args=args, train_dataset=train)  # fmt: skip
+    trainer.train()
+
+    # One generation batch per optimizer step: 8 completions = 2 prompts x 4 generations.
+    assert len(seen_keys) == 3 and all(len(keys) == 8 and len(set(keys)) == 2 for keys in seen_keys)
+    assert client.get_experiment(exp_name).step == 3  # one report per generation batch
+    assert len(bots.reports) == 3
+    # The prompts trained on are the service's batches, in order.
+    drawn = [bots.curriculum.select(i, batch_size=2).keys for i in range(3)]
+    assert [sorted(set(keys)) for keys in seen_keys] == [sorted(keys) for keys in drawn]
+    expected: dict[str, tuple[float, float]] = {}
+    for keys in drawn:
+        for key in keys:
+            s = 4.0 if int(key.split("-")[1]) % 2 == 0 else 0.0
+            prev = expected.get(key, (0.0, 0.0))
+            expected[key] = (prev[0] + s, prev[1] + 4.0 - s)
+    got = counts(client, exp_name)
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_reward_wrapper_reports_only_while_training(client: bots_client.Client, exp_name: str) -> None:
+    bots = BotsGRPO(client, exp_name, [f"task-{i}" for i in range(4)], config=EXACT)
+    bots.curriculum.batch_size = 2
+    batch = bots.curriculum.select(0)
+
+    def reward(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float | None]:
+        return [1.0, None, 0.0, 1.0]
+
+    wrapped = bots.reward(reward)
+    assert wrapped.__name__ == "reward"  # TRL logs rewards under the function's name
+    keys = [batch.keys[0], batch.keys[0], batch.keys[1], batch.keys[1]]
+
+    class Model(torch.nn.Module):
+        pass
+
+    bots.trainer = type("T", (), {"model": Model().eval()})()
+    assert wrapped(prompts=["p"] * 4, completions=["c"] * 4, task_key=keys) == [1.0, None, 0.0, 1.0]
+    assert client.get_experiment(exp_name).step == 0  # evaluation: nothing reported
+    bots.trainer.model.train()
+    wrapped(prompts=["p"] * 4, completions=["c"] * 4, task_key=keys)
+    got = counts(client, exp_name)
+    assert got[batch.keys[0]] == (1.0, 0.0) and got[batch.keys[1]] == (1.0, 1.0)  # None skipped
+    with pytest.raises(KeyError, match="task_key"):
+        wrapped(prompts=["p"], completions=["c"])

@@ -1,0 +1,158 @@
+"""bots_client.integrations.vllm.
+
+vLLM needs a GPU (and its own torch build), so it is not installed here.
+The grouping, scoring and reporting are plain functions tested directly; the
+generation layer is tested against vLLM's documented shapes: `LLM.generate`
+returns one RequestOutput per prompt, in prompt order, whose `.outputs` are
+n CompletionOutputs (`.index`, `.text`); the OpenAI-compatible server
+(`vllm serve`) answers /v1/completions with choices numbered
+prompt_index * n + sample, and /v1/chat/completions with n choices of
+`message.content`. The server side runs as a real HTTP server on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import bots_client
+import pytest
+from bots_client.integrations.vllm import generate_llm, generate_openai, group_flat, rollout, rollout_and_report, score
+
+from tests.integrations.conftest import EXACT, counts
+
+ANSWERS = {"t0": "4", "t1": "9", "t2": "16"}
+
+
+def verifier(key: str, prompt: Any, completion: str) -> bool:
+    return completion.strip() == ANSWERS[key]
+
+
+def test_group_flat_and_score_count_every_sample() -> None:
+    assert group_flat(list("aabbcc"), 2) == [["a", "a"], ["b", "b"], ["c", "c"]]
+    with pytest.raises(ValueError, match="whole number"):
+        group_flat(list("abc"), 2)
+    completions = [["4", "5", " 4 "], ["9", "9", "9"], ["1", "2", "3"]]
+    r = score(list(ANSWERS), ["2*2", "3*3", "4*4"], completions, verifier)
+    assert r.rewards == [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    # All-correct and all-wrong groups are reported too: that is the evidence.
+    assert r.outcomes == {"t0": (2.0, 3), "t1": (3.0, 3), "t2": (0.0, 3)}
+    assert r.success_rate["t0"] == pytest.approx(2 / 3)
+    partial = score(["t0"], ["p"], [["a", "b"]], lambda k, p, c: 0.25 if c == "a" else 1.0, success_threshold=None)
+    assert partial.outcomes == {"t0": (1.25, 2)}
+
+
+class FakeLLM:
+    """vLLM's LLM.generate / LLM.chat shapes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, Any]] = []
+
+    def _outputs(self, prompts: list[Any], params: Any) -> list[Any]:
+        outs = []
+        for p_i, prompt in enumerate(prompts):
+            samples = [SimpleNamespace(index=j, text=f"{p_i}:{j}") for j in range(params.n)]
+            random.Random(p_i).shuffle(samples)  # completion order is not guaranteed
+            outs.append(SimpleNamespace(prompt=prompt, outputs=samples))
+        return outs
+
+    def generate(self, prompts: list[Any], params: Any) -> list[Any]:
+        self.calls.append(("generate", prompts, params))
+        return self._outputs(prompts, params)
+
+    def chat(self, conversations: list[Any], params: Any) -> list[Any]:
+        self.calls.append(("chat", conversations, params))
+        return self._outputs(conversations, params)
+
+
+def test_generate_llm_groups_by_prompt_and_sample_index() -> None:
+    llm = FakeLLM()
+    params = SimpleNamespace(n=3, temperature=1.0)
+    groups = generate_llm(llm, ["a", "b"], 3, params)
+    assert groups == [["0:0", "0:1", "0:2"], ["1:0", "1:1", "1:2"]]
+    assert llm.calls[0][0] == "generate"
+    generate_llm(llm, [[{"role": "user", "content": "hi"}]], 3, params, chat=True)
+    assert llm.calls[1][0] == "chat"
+    with pytest.raises(ValueError, match="sampling_params.n"):
+        generate_llm(llm, ["a"], 4, params)
+
+
+class OpenAIHandler(BaseHTTPRequestHandler):
+    requests: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        OpenAIHandler.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+        n = body["n"]
+        if self.path.endswith("/chat/completions"):
+            last = body["messages"][-1]["content"]
+            choices = [{"index": j, "message": {"role": "assistant", "content": f"{last}#{j}"}} for j in range(n)]
+        else:
+            choices = [
+                {"index": p * n + j, "text": f"{prompt}#{j}", "finish_reason": "stop"}
+                for p, prompt in enumerate(body["prompt"])
+                for j in range(n)
+            ]
+        random.Random(0).shuffle(choices)  # vLLM streams choices as they finish
+        data = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": choices}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    OpenAIHandler.requests = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), OpenAIHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_generate_openai_completions_and_chat(endpoint: str) -> None:
+    groups = generate_openai(endpoint, "qwen", ["p0", "p1", "p2"], 4, api_key="k", temperature=0.7, max_tokens=8)
+    assert groups == [[f"p{p}#{j}" for j in range(4)] for p in range(3)]
+    sent = OpenAIHandler.requests[0]
+    assert sent["path"] == "/v1/completions" and sent["auth"] == "Bearer k"
+    assert (sent["model"], sent["prompt"], sent["n"], sent["temperature"], sent["max_tokens"]) == (
+        "qwen", ["p0", "p1", "p2"], 4, 0.7, 8,
+    )  # fmt: skip
+    chats = generate_openai(endpoint, "qwen", [[{"role": "user", "content": "x"}]], 2, chat=True)
+    assert chats == [["x#0", "x#1"]] and OpenAIHandler.requests[1]["path"] == "/v1/chat/completions"
+
+
+def test_rollout_and_report_against_a_real_server(client: bots_client.Client, exp_name: str, endpoint: str) -> None:
+    client.create_experiment(exp_name, EXACT)
+    client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
+    batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
+    prompts = {"t0": "2*2=", "t1": "3*3=", "t2": "4*4="}
+
+    def generate(texts: list[str], n: int) -> list[list[str]]:
+        # a "model" that answers t0 right twice, t1 always, t2 never
+        table = {"2*2=": ["4", "4", "5"], "3*3=": ["9"] * 3, "4*4=": ["0"] * 3}
+        return [table[t][:n] for t in texts]
+
+    rollouts, result = rollout_and_report(client, exp_name, batch, prompts, 3, verifier, generate=generate)
+    assert rollouts.keys == batch.keys and result.step == 1
+    expected = {"t0": (2.0, 1.0), "t1": (3.0, 0.0), "t2": (0.0, 3.0)}
+    got = counts(client, exp_name)
+    assert {k: got[k] for k in batch.keys} == {k: expected[k] for k in batch.keys}
+    # The endpoint path end to end (the fake server echoes, so every sample fails).
+    r = rollout({"t0": "2*2="}, 2, verifier, endpoint=endpoint, model="m")
+    assert r.outcomes == {"t0": (0.0, 2)}
+    with pytest.raises(TypeError, match="exactly one"):
+        rollout({"t0": "x"}, 2, verifier)
+    with pytest.raises(KeyError, match="no prompt"):
+        rollout_and_report(client, exp_name, batch, {}, 2, verifier, generate=generate)
