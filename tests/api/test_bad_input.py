@@ -81,6 +81,7 @@ def test_create_experiment_rejects_bad_names_and_configs(client: bots_client.Cli
         (dict(seed=2**63), "seed = 9223372036854775808"),
         (dict(weak_feature="w"), "set both"),
         (dict(weak_feature="w", strong_feature="w"), "both 'w'"),
+        (dict(weak_feature='w"x', strong_feature="s"), "printable ASCII"),
     ]
     for values, fragment in bad_configs:
         name = f"cfg-{uuid.uuid4().hex[:8]}"

@@ -54,12 +54,15 @@ class LiveExperiment:
         strong = np.array([f.get(strong_name, math.nan) if strong_name else math.nan for f in features], dtype=np.float64)
         return weak, strong
 
-    def append_tasks(self, keys: Sequence[str], features: Sequence[dict[str, float]]) -> None:
+    def append_tasks(self, keys: Sequence[str], weak: np.ndarray, strong: np.ndarray) -> None:
+        """New tasks at the prior; `weak`/`strong` their reference pass rates (NaN: none)."""
         start = len(self.keys)
         self.keys.extend(keys)
         self.index.update((key, start + i) for i, key in enumerate(keys))
-        weak, strong = self.reference_features(features)
         self.state = self.state.extended(self.params, weak, strong)
+
+    def append_loaded(self, rows: LoadedRows) -> None:
+        self.append_tasks(rows.keys, _floats(rows.weak), _floats(rows.strong))
 
     def replay(self, events: Sequence[StepEvent]) -> None:
         """Apply committed events, exactly as their reports were applied."""
@@ -84,7 +87,7 @@ class LiveExperiment:
         event's pool_size), so adding them first is safe.
         """
         if rows.keys:
-            self.append_tasks(rows.keys, rows.features)
+            self.append_loaded(rows)
         self.replay(rows.events)
 
     @classmethod
@@ -105,7 +108,7 @@ class LiveExperiment:
             step=checkpoint.step,
             checkpoint_step=checkpoint.step,
         )
-        live.append_tasks(rows.keys, rows.features)
+        live.append_loaded(rows)
         n = len(checkpoint.alpha)
         alpha = live.state.alpha.copy()
         beta = live.state.beta.copy()
@@ -115,3 +118,8 @@ class LiveExperiment:
         live.state = PosteriorState(alpha, beta, live.state.weak, live.state.strong, capability)
         live.replay(rows.events)
         return live
+
+
+def _floats(values: Sequence[float | None]) -> np.ndarray:
+    """Floats with NaN for None (a missing feature)."""
+    return np.array([math.nan if v is None else v for v in values], dtype=np.float64)

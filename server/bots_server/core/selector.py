@@ -36,6 +36,8 @@ from bots_server.store import (
     ExperimentCopy,
     ExperimentRow,
     LeaseConflict,
+    LoadedRows,
+    Lookup,
     StaleStep,
     StepEvent,
     Store,
@@ -138,15 +140,15 @@ class SelectorService:
         if config is not None:
             validation.config(config)
         async with self._lock(source):
-            live = await self._ready(source)
+            live, _ = await self._ready(source)
             state = live.state
             copy = ExperimentCopy(
                 name=name,
                 config=config or live.config,
                 step=live.step,
                 capability=live.capability,
-                alpha=await self._run(state.alpha.tolist),
-                beta=await self._run(state.beta.tolist),
+                alpha=state.alpha,
+                beta=state.beta,
                 forked_from=source,
                 source_id=live.id,
             )
@@ -203,7 +205,7 @@ class SelectorService:
         """Add tasks at the prior. Returns (added, tasks in the experiment)."""
         validation.experiment_name(name)
         async with self._lock(name):
-            live = await self._ready(name)
+            live, _ = await self._ready(name)
             await self._run(validation.tasks, live.config, tasks)
             keys = [task.key for task in tasks]
             features = [dict(task.features) for task in tasks]
@@ -216,7 +218,7 @@ class SelectorService:
                 except StaleStep:
                     await self._catch_up(live)
                     continue
-                await self._run(live.append_tasks, keys, features)
+                await self._run(live.append_tasks, keys, *live.reference_features(features))
                 self._notify(self.observer.tasks_added, name, live.num_tasks)
                 log.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
                 return len(keys), live.num_tasks
@@ -228,20 +230,18 @@ class SelectorService:
         validation.experiment_name(name)
         validation.batch_request(batch_size, request_key)
         async with self._lock(name):
-            live = await self._ready(name)
+            now = self._clock()
+            # One read: catch up, the batch of this request key, the leases.
+            live, rows = await self._ready(name, Lookup(request_key=request_key, leases_at=now))
             if live.num_tasks == 0:
                 raise FailedPrecondition(f"experiment {name!r} has no tasks; add tasks first")
             if batch_size > live.num_tasks:
                 raise InvalidArgument(f"batch_size = {batch_size} is larger than the pool of {live.num_tasks} tasks")
-            if request_key:
-                existing = await self._run(self.store.find_batch, live.id, request_key=request_key)
-                if existing is not None:
-                    return self._same_request(live, existing, batch_size)
-            else:
-                request_key = uuid.uuid4().hex
+            if rows.batch is not None:
+                return self._same_request(live, rows.batch, batch_size)
+            request_key = request_key or uuid.uuid4().hex
+            leased = rows.leased or []
             for _ in range(_MAX_WRITE_ATTEMPTS):
-                now = self._clock()
-                leased = await self._run(self.store.leased_tasks, live.id, now)
                 chosen = await self._run(self._choose, live, leased, batch_size, request_key)
                 row = BatchRow(
                     batch_id=uuid.uuid4().hex,
@@ -255,7 +255,8 @@ class SelectorService:
                 try:
                     stored = await self._run(self.store.insert_batch, live.id, row, now)
                 except (StaleStep, LeaseConflict):  # another replica reported or leased meanwhile
-                    await self._catch_up(live)
+                    now = self._clock()
+                    leased = (await self._catch_up(live, Lookup(leases_at=now))).leased or []
                     continue
                 if stored.batch_id != row.batch_id:  # a racing call with the same key won
                     return self._same_request(live, stored, batch_size)
@@ -311,8 +312,8 @@ class SelectorService:
         validation.experiment_name(name)
         validation.outcomes(batch_id, outcomes)
         async with self._lock(name):
-            live = await self._ready(name)
-            batch = await self._run(self.store.find_batch, live.id, batch_id=batch_id)
+            live, rows = await self._ready(name, Lookup(batch_id=batch_id))
+            batch = rows.batch
             if batch is None:
                 raise NotFound(f"batch {batch_id!r} not found in experiment {name!r}")
             task_idx, successes, trials = self._match(live, batch, outcomes)
@@ -392,7 +393,7 @@ class SelectorService:
     async def snapshot(self, name: str, include_features: bool = False) -> SnapshotData:
         validation.experiment_name(name)
         async with self._lock(name):
-            live = await self._ready(name)
+            live, _ = await self._ready(name)
             state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
         row = await self._run(self.store.find_experiment, name)
         if row is None or row.id != live.id:
@@ -411,14 +412,14 @@ class SelectorService:
             lock = self._locks[name] = asyncio.Lock()
         return lock
 
-    async def _ready(self, name: str) -> LiveExperiment:
+    async def _ready(self, name: str, lookup: Lookup | None = None) -> tuple[LiveExperiment, LoadedRows]:
         """The experiment, rebuilt from the store if not in memory, and caught
-        up with whatever other replicas committed. Call under its lock."""
+        up with whatever other replicas committed; with the rows `lookup` asks
+        for, from the same read. Call under the experiment's lock."""
         live = self._live.get(name)
         if live is not None:
             try:
-                await self._catch_up(live)
-                return live
+                return live, await self._catch_up(live, lookup)
             except NotFound:
                 pass  # deleted elsewhere; the name may have been reused: look it up again
         row = await self._run(self.store.find_experiment, name)
@@ -427,7 +428,7 @@ class SelectorService:
             raise NotFound(f"experiment {name!r} not found")
         params = validation.engine_params(row.config)
         started = time.perf_counter()
-        rows = await self._run(self.store.load, row.id)
+        rows = await self._run(self.store.load, row.id, lookup=lookup)
         if rows is None:
             raise NotFound(f"experiment {name!r} not found")
         live = await self._run(LiveExperiment.rebuild, rows, params)
@@ -443,16 +444,17 @@ class SelectorService:
                 "seconds": round(time.perf_counter() - started, 3),
             },
         )
-        return live
+        return live, rows
 
-    async def _catch_up(self, live: LiveExperiment) -> None:
-        rows = await self._run(self.store.load, live.id, after_step=live.step, first_task=live.num_tasks)
+    async def _catch_up(self, live: LiveExperiment, lookup: Lookup | None = None) -> LoadedRows:
+        rows = await self._run(self.store.load, live.id, after_step=live.step, first_task=live.num_tasks, lookup=lookup)
         if rows is None or rows.experiment.name != live.name:
             self._live.pop(live.name, None)
             self._notify(self.observer.experiment_removed, live.name)
             raise NotFound(f"experiment {live.name!r} not found")
         if rows.keys or rows.events:
             await self._run(live.catch_up, rows)
+        return rows
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -475,9 +477,7 @@ class SelectorService:
         capability = None if math.isnan(state.capability) else state.capability
         started = time.perf_counter()
         try:
-            await self._run(
-                self.store.write_checkpoint, live.id, step, capability, state.alpha.tolist(), state.beta.tolist(), self._clock()
-            )
+            await self._run(self.store.write_checkpoint, live.id, step, capability, state.alpha, state.beta, self._clock())
         except Exception:
             log.exception("checkpoint failed", extra={"experiment": live.name, "step": step})
             return

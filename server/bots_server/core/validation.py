@@ -15,6 +15,7 @@ MAX_KEY_LENGTH = 1024
 MAX_REQUEST_KEY_LENGTH = 256
 MAX_FEATURE_NAME_LENGTH = 256
 MAX_SEED = 2**63 - 1
+REFERENCE_FEATURE_PATTERN = re.compile(r'[ !#-\[\]-~]+')
 
 
 def experiment_name(name: str) -> None:
@@ -60,8 +61,14 @@ def config(cfg: ExperimentConfig) -> None:
     if cfg.weak_feature and cfg.weak_feature == cfg.strong_feature:
         raise InvalidArgument(f"config.weak_feature and strong_feature are both {cfg.weak_feature!r}")
     for field in ("weak_feature", "strong_feature"):
-        if len(getattr(cfg, field)) > MAX_FEATURE_NAME_LENGTH:
+        value = getattr(cfg, field)
+        if len(value) > MAX_FEATURE_NAME_LENGTH:
             raise InvalidArgument(f"config.{field} is longer than {MAX_FEATURE_NAME_LENGTH} characters")
+        if value and not REFERENCE_FEATURE_PATTERN.fullmatch(value):
+            # The store reads these features with SQL JSON paths.
+            raise InvalidArgument(
+                f"config.{field} = {value!r}: use printable ASCII characters other than double quote and backslash"
+            )
 
 
 def engine_params(cfg: ExperimentConfig) -> EngineParams:

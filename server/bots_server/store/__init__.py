@@ -1,6 +1,6 @@
 """Persistence (SQLAlchemy Core; SQLite or PostgreSQL). No math here."""
 
-from bots_server.store.records import BatchRow, CheckpointRow, ExperimentCopy, ExperimentRow, LoadedRows, StepEvent
+from bots_server.store.records import BatchRow, CheckpointRow, ExperimentCopy, ExperimentRow, LoadedRows, Lookup, StepEvent
 from bots_server.store.store import BatchAlreadyReported, DatabaseInUse, LeaseConflict, StaleStep, Store
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "ExperimentRow",
     "LeaseConflict",
     "LoadedRows",
+    "Lookup",
     "StaleStep",
     "StepEvent",
     "Store",

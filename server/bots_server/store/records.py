@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bots_client.types import ExperimentConfig
@@ -56,14 +57,27 @@ class BatchRow:
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """Rows a call needs besides the experiment's new state, read in the same
+    transaction: a batch (by id or request key) and the leased tasks."""
+
+    batch_id: str = ""
+    request_key: str = ""
+    leases_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
 class LoadedRows:
     """A consistent read of an experiment from one transaction."""
 
     experiment: ExperimentRow
     keys: list[str]  # tasks from the requested start index on
-    features: list[dict[str, float]]
+    weak: list[float | None]  # their reference pass rates (config's weak/strong features)
+    strong: list[float | None]
     checkpoint: CheckpointRow | None  # None when only reading what is new
     events: list[StepEvent]  # steps after the requested one, ascending
+    batch: BatchRow | None = None  # Lookup.batch_id / request_key
+    leased: list[int] | None = None  # with Lookup.leases_at
 
 
 @dataclass(frozen=True)
@@ -74,8 +88,8 @@ class ExperimentCopy:
     config: ExperimentConfig
     step: int
     capability: float | None
-    alpha: list[float]
-    beta: list[float]
+    alpha: Sequence[float]  # a list or a float64 array
+    beta: Sequence[float]
     forked_from: str
     # Tasks: either copied row by row from an experiment in this database
     # (source_id, the first len(alpha) tasks) or given (keys and features).
