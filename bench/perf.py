@@ -1,0 +1,1253 @@
+"""Performance benchmark: what the service costs a trainer, on SQLite and PostgreSQL.
+
+    .venv/bin/python -m bench.perf            # pools of 10k, 100k, 1M tasks, both backends (~15 min)
+    .venv/bin/python -m bench.perf --quick    # 10k and 100k, fewer steps, short throughput windows (~3 min)
+    .venv/bin/python -m bench.perf --backends sqlite --pools 100000
+
+For every backend and pool size (batch 256, BOTS defaults with the
+interpolation plug-in, a `bots-server serve` child process on loopback):
+
+- SelectBatch and ReportOutcomes latency over the socket (p50, p90, p99,
+  max), beside the in-process engine step (select + update) on the same pool;
+- rows inserted per report and per select (table row counts), bytes written
+  per call (SQLite: the server's write() bytes; PostgreSQL: WAL bytes, the
+  median of per-call deltas since the cluster is shared) and bytes stored per
+  step;
+- time to rebuild the experiment after a graceful restart (checkpoint only)
+  and after a crash (checkpoint + replay), and the server's memory per task.
+
+Then, per backend: throughput with 1, 8 and 64 concurrent experiments, and an
+in-process breakdown of one select and one report (each store call, the
+engine, SQL statements and rows), which locates the overhead over the engine.
+Finally a history probe times the lease query with 0, 1000 and 5000 reported
+batches in the table.
+
+Prints tables and writes bench/results/perf.json (perf-quick.json with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import datetime as dt
+import functools
+import inspect
+import json
+import re
+import resource
+import sqlite3
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # `python bench/perf.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common
+
+BATCH = 256
+ROLLOUTS = 16
+TABLES = ("experiments", "tasks", "checkpoints", "posteriors", "steps", "outcomes", "batches", "batch_tasks")
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    backends: tuple[str, ...] = ("sqlite", "postgresql")
+    pools: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    batch_size: int = BATCH
+    steps: tuple[tuple[int, int], ...] = ((10_000, 150), (100_000, 150), (1_000_000, 150))  # pool -> measured steps
+    engine_steps: int = 30
+    crash_steps: int = 20  # steps after the last checkpoint before the simulated crash
+    throughput_levels: tuple[int, ...] = (1, 8, 64)
+    throughput_pool: int = 10_000
+    throughput_seconds: float = 10.0
+    breakdown_pool: int = 100_000
+    breakdown_steps: int = 60
+    history_batches: tuple[int, ...] = (0, 1000, 5000)
+    contention_seconds: float = 8.0
+
+    def steps_for(self, pool: int) -> int:
+        table = dict(self.steps)
+        return table.get(pool, min(table.values()) if pool > max(table) else max(table.values()))
+
+
+QUICK = PerfConfig(
+    pools=(10_000, 100_000),
+    steps=((10_000, 60), (100_000, 60)),
+    engine_steps=15,
+    crash_steps=10,
+    throughput_seconds=3.0,
+    breakdown_steps=30,
+    history_batches=(0, 1000),
+    contention_seconds=3.0,
+)
+
+
+def experiment_config() -> Any:
+    import bots_client
+
+    return bots_client.ExperimentConfig(
+        weak_feature="weak", strong_feature="strong", rollouts_per_task=ROLLOUTS, seed=7
+    )
+
+
+def reference_rates(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    weak = rng.beta(0.7, 1.3, size=n)
+    strong = np.minimum(1.0, weak + rng.beta(1.5, 3.0, size=n))
+    return weak, strong
+
+
+def make_tasks(n: int, seed: int = 0) -> list[Any]:
+    import bots_client
+
+    weak, strong = reference_rates(n, seed)
+    return [
+        bots_client.Task(f"task-{i:07d}", {"weak": w, "strong": s})
+        for i, (w, s) in enumerate(zip(weak.tolist(), strong.tolist(), strict=True))
+    ]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- the in-process engine baseline ----------------------------------------------------------
+
+
+def engine_baseline(n: int, batch: int, steps: int) -> dict[str, Any]:
+    """select(B) + apply_outcomes on n tasks, as the server runs them, in this process."""
+    from bots_server.core.validation import engine_params
+    from bots_server.engine import PosteriorState, apply_outcomes, select, step_rng
+
+    params = engine_params(experiment_config())
+    weak, strong = reference_rates(n)
+    state = PosteriorState.from_prior(params, weak, strong)
+    rng = np.random.default_rng(1)
+    t_select, t_update, t_step = [], [], []
+    for i in range(steps + 2):
+        started = time.perf_counter()
+        available = np.ones(n, dtype=bool)
+        chosen = select(params, state.alpha, state.beta, available, batch, step_rng(7, i, f"bench-{i}"))
+        mid = time.perf_counter()
+        idx = np.sort(chosen)
+        result = apply_outcomes(
+            params, state, idx, rng.integers(0, ROLLOUTS + 1, batch).astype(np.float64), np.full(batch, float(ROLLOUTS))
+        )
+        state = result.state
+        end = time.perf_counter()
+        if i >= 2:  # warm-up
+            t_select.append(mid - started)
+            t_update.append(end - mid)
+            t_step.append(end - started)
+    return {
+        "select": common.percentiles(t_select),
+        "update": common.percentiles(t_update),
+        "step": common.percentiles(t_step),
+    }
+
+
+# -- database probes ---------------------------------------------------------------------------
+
+
+class DbProbe:
+    """Reads the benchmark's own database from outside the server: row counts,
+    stored bytes, and (PostgreSQL) the WAL position and table statistics."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        if self.is_sqlite:
+            self.path = url.removeprefix("sqlite:///")
+            self._pg = None
+        else:
+            import psycopg
+
+            params = url.removeprefix("postgresql+psycopg://")
+            user_host, dbname = params.rsplit("/", 1)
+            user, hostport = user_host.split("@")
+            host, port = hostport.split(":")
+            self._pg = psycopg.connect(host=host, port=int(port), user=user, dbname=dbname, autocommit=True)
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+
+    def counts(self) -> dict[str, int]:
+        if self.is_sqlite:
+            with sqlite3.connect(self.path, timeout=30) as conn:
+                return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+        assert self._pg is not None
+        return {t: self._pg.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+    def stored_bytes(self) -> int:
+        """SQLite: database file size after moving the WAL into it; PostgreSQL:
+        heap + index + TOAST size of the service's tables."""
+        if self.is_sqlite:
+            with sqlite3.connect(self.path, timeout=30) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                pages = conn.execute("PRAGMA page_count").fetchone()[0]
+                size = conn.execute("PRAGMA page_size").fetchone()[0]
+                return int(pages * size)
+        assert self._pg is not None
+        return int(
+            self._pg.execute(
+                "SELECT sum(pg_total_relation_size(quote_ident(t))) FROM unnest(%s::text[]) AS t", [list(TABLES)]
+            ).fetchone()[0]
+        )
+
+    def wal_lsn(self) -> int | None:
+        if self._pg is None:
+            return None
+        return int(self._pg.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])
+
+
+# -- over the socket: one pool size ----------------------------------------------------------------
+
+
+def socket_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str, Any]:
+    """Latency, writes, restart and memory for one pool on one backend."""
+    import bots_client
+
+    out: dict[str, Any] = {"backend": backend, "pool": n, "batch": cfg.batch_size}
+    probe = DbProbe(url)
+    server = common.server_process(url).start()
+    try:
+        out["rss_empty_server"] = common.rss_bytes(server.proc.pid)[0]
+        name = f"perf-{n}"
+        with bots_client.Client(server.address, timeout=600) as client:
+            client.create_experiment(name, experiment_config())
+            tasks = make_tasks(n)
+            started = time.perf_counter()
+            client.add_tasks(name, tasks)
+            out["add_tasks_s"] = time.perf_counter() - started
+            del tasks
+            log(f"    {backend} {n:>9,} tasks: added in {out['add_tasks_s']:.1f} s")
+            rng = np.random.default_rng(2)
+            for i in range(3):  # warm-up
+                _cycle(client, name, f"warm-{i}", rng, cfg.batch_size)
+            steps = cfg.steps_for(n)
+            counts0, stored0 = probe.counts(), probe.stored_bytes()
+            sel, rep, sel_io, rep_io, sel_wal, rep_wal = [], [], [], [], [], []
+            pid = server.proc.pid
+            for i in range(steps):
+                io0, wal0 = common.io_counters(pid), probe.wal_lsn()
+                t0 = time.perf_counter()
+                batch = client.select_batch(name, cfg.batch_size, f"bench-{i}")
+                t1 = time.perf_counter()
+                io1, wal1 = common.io_counters(pid), probe.wal_lsn()
+                outcomes = {
+                    k: (float(s), ROLLOUTS)
+                    for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
+                }
+                t2 = time.perf_counter()
+                client.report_outcomes(name, batch.batch_id, outcomes)
+                t3 = time.perf_counter()
+                io2, wal2 = common.io_counters(pid), probe.wal_lsn()
+                sel.append(t1 - t0)
+                rep.append(t3 - t2)
+                sel_io.append((io1["wchar"] - io0["wchar"], io1["write_bytes"] - io0["write_bytes"]))
+                rep_io.append((io2["wchar"] - io1["wchar"], io2["write_bytes"] - io1["write_bytes"]))
+                if wal0 is not None and wal1 is not None and wal2 is not None:
+                    sel_wal.append(wal1 - wal0)
+                    rep_wal.append(wal2 - wal1)
+            counts1, stored1 = probe.counts(), probe.stored_bytes()
+            out["steps"] = steps
+            out["select"] = common.percentiles(sel)
+            out["report"] = common.percentiles(rep)
+            out["round_trip_p50_ms"] = out["select"]["p50"] + out["report"]["p50"]
+            fifth = max(1, steps // 5)  # growth with the experiment's history (same pool, more batches)
+            out["select_p50_first_fifth"] = float(np.median(sel[:fifth])) * 1e3
+            out["select_p50_last_fifth"] = float(np.median(sel[-fifth:])) * 1e3
+            out["report_p50_first_fifth"] = float(np.median(rep[:fifth])) * 1e3
+            out["report_p50_last_fifth"] = float(np.median(rep[-fifth:])) * 1e3
+            out["select_ms_all"] = [round(x * 1e3, 3) for x in sel]
+            out["report_ms_all"] = [round(x * 1e3, 3) for x in rep]
+            inserted = {t: counts1[t] - counts0[t] for t in TABLES}
+            out["rows_inserted"] = inserted
+            out["rows_inserted_per_step"] = {t: v / steps for t, v in inserted.items() if v}
+            out["stored_bytes_per_step"] = (stored1 - stored0) / steps
+            out["server_wchar_per_select"] = float(np.median([x[0] for x in sel_io]))
+            out["server_wchar_per_report"] = float(np.median([x[0] for x in rep_io]))
+            out["server_write_bytes_per_report"] = float(np.median([x[1] for x in rep_io]))
+            if rep_wal:
+                out["wal_bytes_per_select"] = float(np.median(sel_wal))
+                out["wal_bytes_per_report"] = float(np.median(rep_wal))
+            checkpoints = [e for e in server.log_lines if e.get("message") == "checkpoint written"]
+            out["checkpoints_during_run"] = [{"step": e.get("step"), "seconds": e.get("seconds")} for e in checkpoints]
+            log(
+                f"    {backend} {n:>9,} tasks: select p50 {out['select']['p50']:.1f} ms p99 {out['select']['p99']:.1f}, "
+                f"report p50 {out['report']['p50']:.1f} ms p99 {out['report']['p99']:.1f} ({steps} steps, "
+                f"{len(checkpoints)} checkpoints); select p50 first fifth {out['select_p50_first_fifth']:.1f} ms, "
+                f"last fifth {out['select_p50_last_fifth']:.1f} ms"
+            )
+        # Graceful restart: the server checkpoints at shutdown; the new one loads the checkpoint.
+        started = time.perf_counter()
+        server.stop()
+        out["graceful_stop_s"] = time.perf_counter() - started
+        out["restart"] = _restart(url, name, n, cfg, rng, crash=False)
+        out["crash_restart"] = _restart(url, name, n, cfg, rng, crash=True)
+        log(
+            f"    {backend} {n:>9,} tasks: rebuild after restart {out['restart']['rebuild_s']:.2f} s, after crash "
+            f"{out['crash_restart']['rebuild_s']:.2f} s ({out['crash_restart'].get('replayed_steps')} steps replayed), "
+            f"memory {out['restart']['bytes_per_task']:.0f} B/task"
+        )
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+        probe.close()
+    return out
+
+
+def _cycle(client: Any, name: str, key: str, rng: np.random.Generator, batch_size: int) -> None:
+    batch = client.select_batch(name, batch_size, key)
+    outcomes = {
+        k: (float(s), ROLLOUTS)
+        for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
+    }
+    client.report_outcomes(name, batch.batch_id, outcomes)
+
+
+def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Generator, crash: bool) -> dict[str, Any]:
+    """Start a server on the database and time the first call, which rebuilds
+    the experiment. crash=True: first run crash_steps steps past the last
+    checkpoint on a server, SIGKILL it, and time the rebuild with replay."""
+    import bots_client
+
+    if crash:
+        server = common.server_process(url).start()
+        with bots_client.Client(server.address, timeout=600) as client:
+            for i in range(cfg.crash_steps):
+                _cycle(client, name, f"crash-{uuid.uuid4().hex}", rng, cfg.batch_size)
+        server.kill()
+    server = common.server_process(url).start()
+    try:
+        rss_empty = common.rss_bytes(server.proc.pid)[0]
+        with bots_client.Client(server.address, timeout=600) as client:
+            started = time.perf_counter()
+            batch = client.select_batch(name, cfg.batch_size, f"restart-{uuid.uuid4().hex}")
+            first_call = time.perf_counter() - started
+            client.report_outcomes(name, batch.batch_id, {k: (1.0, ROLLOUTS) for k in batch.keys})
+        rss, hwm = common.rss_bytes(server.proc.pid)
+        loaded = [e for e in server.log_lines if e.get("message") == "experiment loaded"]
+        result: dict[str, Any] = {
+            "rebuild_s": first_call,  # the first SelectBatch, rebuild included
+            "server_load_s": loaded[-1].get("seconds") if loaded else None,
+            "replayed_steps": loaded[-1].get("replayed_steps") if loaded else None,
+            "rss_empty": rss_empty,
+            "rss_loaded": rss,
+            "rss_peak": hwm,
+            "bytes_per_task": (rss - rss_empty) / n,
+            "peak_bytes_per_task": (hwm - rss_empty) / n,
+        }
+        server.stop()
+        return result
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+
+
+# -- throughput ------------------------------------------------------------------------------------
+
+
+def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
+    import bots_client
+
+    most = max(cfg.throughput_levels)
+    server = common.server_process(url).start()
+    results: dict[str, Any] = {
+        "backend": backend,
+        "pool": cfg.throughput_pool,
+        "seconds": cfg.throughput_seconds,
+        "levels": [],
+    }
+    try:
+        names = [f"tp-{i}" for i in range(most)]
+        tasks = make_tasks(cfg.throughput_pool)
+        started = time.perf_counter()
+        with bots_client.Client(server.address, timeout=600) as client:
+            for name in names:
+                client.create_experiment(name, experiment_config())
+                client.add_tasks(name, tasks)
+        log(
+            f"    {backend}: {most} experiments x {cfg.throughput_pool:,} tasks set up in {time.perf_counter() - started:.0f} s"
+        )
+        for level in cfg.throughput_levels:
+            level_result = asyncio.run(_throughput_level(server.address, names[:level], cfg, server.proc.pid))
+            results["levels"].append(level_result)
+            log(
+                f"    {backend}: {level:>3} concurrent experiments: {level_result['steps_per_s']:.1f} steps/s, "
+                f"select p50 {level_result['select']['p50']:.1f} ms, report p50 {level_result['report']['p50']:.1f} ms, "
+                f"server CPU {level_result['server_cpu_share']:.2f} cores, client CPU {level_result['client_cpu_share']:.2f}"
+            )
+    finally:
+        server.stop()
+    return results
+
+
+async def _throughput_level(address: str, names: Sequence[str], cfg: PerfConfig, pid: int) -> dict[str, Any]:
+    import bots_client
+
+    client = bots_client.AsyncClient(address, timeout=120)
+    sel: list[float] = []
+    rep: list[float] = []
+    steps = 0
+    errors: collections.Counter[str] = collections.Counter()
+    measuring = False
+    stop = False
+
+    async def worker(name: str, seed: int) -> None:
+        nonlocal steps
+        rng = np.random.default_rng(seed)
+        while not stop:
+            try:
+                t0 = time.perf_counter()
+                batch = await client.select_batch(name, cfg.batch_size)
+                t1 = time.perf_counter()
+                outcomes = {
+                    k: (float(s), ROLLOUTS)
+                    for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
+                }
+                t2 = time.perf_counter()
+                await client.report_outcomes(name, batch.batch_id, outcomes)
+                t3 = time.perf_counter()
+            except bots_client.BotsError as e:
+                errors[type(e).__name__] += 1
+                continue
+            if measuring:
+                sel.append(t1 - t0)
+                rep.append(t3 - t2)
+                steps += 1
+
+    workers = [asyncio.create_task(worker(name, i)) for i, name in enumerate(names)]
+    await asyncio.sleep(min(2.0, cfg.throughput_seconds / 3))  # warm-up
+    cpu0, self0 = _cpu_seconds(pid), _self_cpu_seconds()
+    measuring = True
+    started = time.perf_counter()
+    await asyncio.sleep(cfg.throughput_seconds)
+    measuring = False
+    elapsed = time.perf_counter() - started
+    cpu1, self1 = _cpu_seconds(pid), _self_cpu_seconds()
+    stop = True
+    await asyncio.gather(*workers, return_exceptions=True)
+    await client.close()
+    return {
+        "experiments": len(names),
+        "steps": steps,
+        "steps_per_s": steps / elapsed,
+        "select": common.percentiles(sel),
+        "report": common.percentiles(rep),
+        "errors": dict(errors),
+        "server_cpu_share": (cpu1 - cpu0) / elapsed,
+        "client_cpu_share": (self1 - self0) / elapsed,
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    import os
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def _self_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# -- in-process breakdown ----------------------------------------------------------------------------
+
+
+class Recorder:
+    """Times named calls and counts SQL statements, per phase (select / report)."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+        self.times: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+        self.statements: dict[tuple[str, str], int] = collections.Counter()
+        self.rows: dict[tuple[str, str], int] = collections.Counter()
+        self.checkouts: dict[str, int] = collections.Counter()
+        self.commits: dict[str, int] = collections.Counter()
+
+    def wrap(self, owner: Any, attr: str, label: str | None = None, static: bool = False) -> None:
+        fn = getattr(owner, attr)
+        name = label or attr
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            phase = self.phase
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.times[(phase, name)].append(time.perf_counter() - started)
+
+        setattr(owner, attr, staticmethod(timed) if static else timed)
+
+    def listen(self, engine: Any) -> None:
+        from sqlalchemy import event
+
+        pattern = re.compile(
+            r"^\s*(INSERT INTO|UPDATE|DELETE FROM|SELECT)\b(?:.*?\bFROM)?\s+\"?(\w+)", re.IGNORECASE | re.DOTALL
+        )
+
+        @event.listens_for(engine, "after_cursor_execute")
+        def after(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+            m = pattern.match(statement)
+            verb = m.group(1).split()[0].upper() if m else statement.split()[0].upper()
+            if not m:
+                self.statements[(self.phase, verb)] += 1
+                return
+            table = m.group(2) if m else "?"
+            key = (self.phase, f"{verb} {table}" + (" (executemany)" if executemany else ""))
+            self.statements[key] += 1
+            if verb in ("INSERT", "UPDATE", "DELETE") and cursor.rowcount is not None and cursor.rowcount >= 0:
+                self.rows[key] += cursor.rowcount
+
+        @event.listens_for(engine, "checkout")
+        def checkout(*_: Any) -> None:
+            self.checkouts[self.phase] += 1
+
+        @event.listens_for(engine, "commit")
+        def commit(*_: Any) -> None:
+            self.commits[self.phase] += 1
+
+
+def breakdown_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
+    """The service in this process (no gRPC): where one select and one report spend their time."""
+    return asyncio.run(_breakdown(backend, url, cfg))
+
+
+async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
+    import bots_server.core.selector as selector_module
+    from bots_client.types import Outcome
+    from bots_server.core.selector import SelectorService
+    from bots_server.store import Store
+
+    n, steps = cfg.breakdown_pool, cfg.breakdown_steps
+    store = Store(url)
+    store.migrate()
+    rec = Recorder()
+    rec.listen(store.engine)
+    for attr in ("find_batch", "leased_tasks", "insert_batch", "commit_report", "load", "find_experiment"):
+        rec.wrap(store, attr)
+    original_choose = SelectorService.__dict__["_choose"]
+    rec.wrap(SelectorService, "_choose", "engine select (_choose)", static=True)
+    original_apply = selector_module.apply_outcomes
+    rec.wrap(selector_module, "apply_outcomes", "engine update (apply_outcomes)")
+    service = SelectorService(store)
+    try:
+        await service.create_experiment("breakdown", experiment_config())
+        await service.add_tasks("breakdown", make_tasks(n))
+        rng = np.random.default_rng(3)
+        totals: dict[str, list[float]] = {"select": [], "report": []}
+        for i in range(steps + 3):
+            rec.phase = "select" if i >= 3 else "warm-up"
+            t0 = time.perf_counter()
+            batch = await service.select_batch("breakdown", cfg.batch_size, f"bd-{i}")
+            t1 = time.perf_counter()
+            outcomes = [
+                Outcome(k, float(s), ROLLOUTS)
+                for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
+            ]
+            rec.phase = "report" if i >= 3 else "warm-up"
+            t2 = time.perf_counter()
+            await service.report_outcomes("breakdown", batch.batch_id, outcomes)
+            t3 = time.perf_counter()
+            if i >= 3:
+                totals["select"].append(t1 - t0)
+                totals["report"].append(t3 - t2)
+        rec.phase = "done"
+    finally:
+        selector_module.apply_outcomes = original_apply
+        SelectorService._choose = original_choose
+        await service.close()
+        store.close()
+    result: dict[str, Any] = {"backend": backend, "pool": n, "steps": steps}
+    for phase in ("select", "report"):
+        parts = {name: float(np.median(v)) * 1e3 for (p, name), v in rec.times.items() if p == phase}
+        total = float(np.median(totals[phase])) * 1e3
+        result[phase] = {
+            "total_ms": total,
+            "parts_ms": parts,
+            "unaccounted_ms": total - sum(parts.values()),  # executor hops, conversions, validation, locks
+            "statements_per_call": {k: v / steps for (p, k), v in rec.statements.items() if p == phase},
+            "rows_per_call": {k: v / steps for (p, k), v in rec.rows.items() if p == phase},
+            "connection_checkouts_per_call": rec.checkouts[phase] / steps,
+            "commits_per_call": rec.commits[phase] / steps,
+        }
+    return result
+
+
+# -- history probe: the lease query as the batch history grows ---------------------------------------
+
+
+def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
+    """Time Store.leased_tasks / find_batch with 0..K reported batches of B tasks in the tables."""
+    from bots_client.types import ExperimentConfig
+    from bots_server.store import BatchRow, Store
+    from bots_server.store import schema as t
+
+    store = Store(url)
+    store.migrate()
+    now = dt.datetime.now(dt.UTC)
+    # SQLite rows written by hand take SQLAlchemy's text format for DateTime.
+    stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f") if store.is_sqlite else now
+    later = (
+        (now + dt.timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        if store.is_sqlite
+        else now + dt.timedelta(hours=1)
+    )
+    row = store.create_experiment("history", ExperimentConfig(), now)
+    store.add_tasks(row.id, 0, [f"k{i}" for i in range(1000)], [{} for _ in range(1000)])
+    b = cfg.batch_size
+    out: dict[str, Any] = {"backend": backend, "batch": b, "points": []}
+    have = 0
+    try:
+        for target in cfg.history_batches:
+            if target > have:
+                batches = ((row.id, f"h{j:08d}", f"hk{j}", j, b, stamp, later, j + 1) for j in range(have, target))
+                tasks = ((row.id, f"h{j:08d}", p, (j * 7 + p) % 1000) for j in range(have, target) for p in range(b))
+                with store._write() as conn:  # the store's own bulk path (COPY / executemany)
+                    store._bulk_insert(
+                        conn,
+                        t.batches,
+                        (
+                            "experiment_id",
+                            "batch_id",
+                            "request_key",
+                            "step",
+                            "batch_size",
+                            "create_time",
+                            "lease_expire_time",
+                            "reported_step",
+                        ),
+                        batches,
+                    )
+                    store._bulk_insert(
+                        conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), tasks
+                    )
+                if not store.is_sqlite:
+                    with store.engine.connect() as conn:
+                        conn.exec_driver_sql("ANALYZE batches")
+                        conn.exec_driver_sql("ANALYZE batch_tasks")
+                        conn.commit()
+                have = target
+            # one open batch, as during training
+            open_id = uuid.uuid4().hex
+            open_row = BatchRow(
+                open_id,
+                f"open-{open_id}",
+                _experiment_step(store, row.id),
+                list(range(b)),
+                now,
+                now + dt.timedelta(hours=1),
+                None,
+            )
+            if "now" in inspect.signature(store.insert_batch).parameters:
+                store.insert_batch(row.id, open_row, now)
+            else:  # the store before f49fef8
+                store.insert_batch(row.id, open_row)
+            leased, found, rewritten = [], [], []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                expected = sorted(store.leased_tasks(row.id, now))
+                t1 = time.perf_counter()
+                store.find_batch(row.id, batch_id=open_id)
+                t2 = time.perf_counter()
+                with store.engine.connect() as conn:
+                    got = sorted(conn.execute(_LEASED_REWRITTEN, {"e": row.id, "now": stamp}).scalars())
+                t3 = time.perf_counter()
+                assert got == expected, "the rewritten lease query must return the same tasks"
+                leased.append(t1 - t0)
+                found.append(t2 - t1)
+                rewritten.append(t3 - t2)
+            with store._write() as conn:  # close it again
+                conn.execute(t.batches.update().where(t.batches.c.batch_id == open_id).values(reported_step=0))
+            point = {
+                "reported_batches": have,
+                "batch_tasks_rows": have * b,
+                "leased_tasks_ms": float(np.median(leased)) * 1e3,
+                "find_batch_ms": float(np.median(found)) * 1e3,
+                "leased_tasks_rewritten_ms": float(np.median(rewritten)) * 1e3,
+            }
+            out["points"].append(point)
+            log(
+                f"    {backend}: {have:>6} reported batches ({have * b:>9,} batch_tasks rows): leased_tasks "
+                f"{point['leased_tasks_ms']:.2f} ms (rewritten as IN (subquery): {point['leased_tasks_rewritten_ms']:.2f} ms), "
+                f"find_batch {point['find_batch_ms']:.2f} ms"
+            )
+        if store.is_sqlite:
+            with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+                out["sqlite_plan"] = [
+                    r[3]
+                    for r in conn.execute(
+                        "EXPLAIN QUERY PLAN SELECT batch_tasks.task_idx FROM batch_tasks JOIN batches ON "
+                        "batches.experiment_id = batch_tasks.experiment_id AND batches.batch_id = batch_tasks.batch_id "
+                        "WHERE batches.experiment_id = ? AND batches.reported_step IS NULL AND batches.lease_expire_time > ?",
+                        (row.id, now.isoformat()),
+                    )
+                ]
+    finally:
+        store.close()
+    return out
+
+
+def _leased_rewritten() -> Any:
+    import sqlalchemy as sa
+
+    return sa.text(
+        "SELECT task_idx FROM batch_tasks WHERE experiment_id = :e AND batch_id IN "
+        "(SELECT batch_id FROM batches WHERE experiment_id = :e AND reported_step IS NULL AND lease_expire_time > :now)"
+    )
+
+
+_LEASED_REWRITTEN = _leased_rewritten()
+
+
+def _unnest_outcomes() -> Any:
+    import sqlalchemy as sa
+
+    return sa.text(
+        "INSERT INTO outcomes (experiment_id, step, task_idx, successes, trials) "
+        "SELECT :e, :step, * FROM unnest(CAST(:idx AS bigint[]), CAST(:s AS double precision[]), CAST(:n AS integer[]))"
+    )
+
+
+_UNNEST_OUTCOMES = _unnest_outcomes()
+
+
+def insert_probe(backend: str, url: str, cfg: PerfConfig, repeats: int = 30) -> dict[str, Any]:
+    """Insert one report's B outcome rows in a write transaction, several ways:
+    the store's executemany (one INSERT per row on psycopg), one multi-row
+    INSERT, the store's bulk path (COPY on PostgreSQL, sqlite3 executemany),
+    one INSERT ... SELECT unnest(arrays) (PostgreSQL); beside a transaction
+    that only updates the experiment row (the fixed cost)."""
+    from bots_client.types import ExperimentConfig
+    from bots_server.store import Store
+    from bots_server.store import schema as t
+
+    store = Store(url)
+    store.migrate()
+    now = dt.datetime.now(dt.UTC)
+    row = store.create_experiment("inserts", ExperimentConfig(), now)
+    b = cfg.batch_size
+    step = 0
+    timings: dict[str, list[float]] = collections.defaultdict(list)
+    columns = ("experiment_id", "step", "task_idx", "successes", "trials")
+
+    def rows() -> list[dict[str, Any]]:
+        return [
+            {"experiment_id": row.id, "step": step, "task_idx": i, "successes": 3.0, "trials": 16} for i in range(b)
+        ]
+
+    try:
+        for i in range(repeats):
+            kinds = ["empty transaction", "executemany", "multi-row INSERT", "bulk (COPY / sqlite3 executemany)"]
+            if not store.is_sqlite:
+                kinds.append("INSERT ... SELECT unnest(arrays)")
+            for how in kinds:
+                step += 1
+                data = rows()
+                started = time.perf_counter()
+                with store._write() as conn:
+                    if how == "empty transaction":
+                        conn.execute(t.experiments.update().where(t.experiments.c.id == row.id).values(step=row.step))
+                    elif how == "executemany":
+                        conn.execute(t.outcomes.insert(), data)
+                    elif how == "multi-row INSERT":
+                        conn.execute(t.outcomes.insert().values(data))
+                    elif how.startswith("INSERT ... SELECT unnest"):
+                        conn.execute(
+                            _UNNEST_OUTCOMES,
+                            {
+                                "e": row.id,
+                                "step": step,
+                                "idx": [d["task_idx"] for d in data],
+                                "s": [d["successes"] for d in data],
+                                "n": [d["trials"] for d in data],
+                            },
+                        )
+                    else:
+                        store._bulk_insert(conn, t.outcomes, columns, (tuple(d[c] for c in columns) for d in data))
+                if i >= 3:
+                    timings[how].append(time.perf_counter() - started)
+    finally:
+        store.close()
+    out = {"backend": backend, "rows": b, "ms": {k: float(np.median(v)) * 1e3 for k, v in timings.items()}}
+    log(f"    {backend}: insert {b} rows + commit: " + ", ".join(f"{k} {v:.2f} ms" for k, v in out["ms"].items()))
+    return out
+
+
+def contention_probe(url: str, cfg: PerfConfig, seconds: float) -> dict[str, Any]:
+    """SQLite, in-process service: how long write transactions wait for the
+    database's single write lock when several experiments are served at
+    once, as the server runs them (worker threads, SQLite's busy handler),
+    and the same with a process-wide lock around write transactions (a
+    what-if for a fix; the server is not modified)."""
+    import threading
+
+    import bots_server.store.store as store_module
+
+    results: dict[str, Any] = {"backend": "sqlite", "pool": cfg.throughput_pool, "seconds": seconds, "runs": []}
+    original = store_module.Store._write
+    for variant in ("as is", "process-wide lock (what-if)"):
+        for k in (1, 8):
+            waits: list[float] = []
+            lock = threading.Lock()
+
+            @contextmanager
+            def write(
+                self: Any, _variant: str = variant, _lock: Any = lock, _waits: list[float] = waits
+            ) -> Iterator[Any]:
+                started = time.perf_counter()
+                with _lock if _variant != "as is" else _nullcontext(), original(self) as conn:
+                    _waits.append(time.perf_counter() - started)
+                    yield conn
+
+            store_module.Store._write = write
+            try:
+                with common.database("sqlite") as scratch:
+                    cycles = asyncio.run(_contention_run(scratch, k, cfg, seconds, waits))
+            finally:
+                store_module.Store._write = original
+            run = {
+                "variant": variant,
+                "experiments": k,
+                "steps_per_s": len(cycles) / seconds,
+                "cycle": common.percentiles(cycles),
+                "write_lock_wait": common.percentiles(waits),
+            }
+            results["runs"].append(run)
+            log(
+                f"    sqlite, {variant}, {k} experiments: {run['steps_per_s']:.1f} steps/s, select+report p50 "
+                f"{run['cycle']['p50']:.0f} ms p99 {run['cycle']['p99']:.0f}; write-lock wait p50 "
+                f"{run['write_lock_wait']['p50']:.2f} ms p99 {run['write_lock_wait']['p99']:.0f} max {run['write_lock_wait']['max']:.0f}"
+            )
+    return results
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield None
+
+
+async def _contention_run(url: str, k: int, cfg: PerfConfig, seconds: float, waits: list[float]) -> list[float]:
+    from bots_client.types import Outcome
+    from bots_server.core.selector import SelectorService
+    from bots_server.store import Store
+
+    store = Store(url)
+    store.migrate()
+    service = SelectorService(store)
+    tasks = make_tasks(cfg.throughput_pool)
+    for i in range(k):
+        await service.create_experiment(f"c{i}", experiment_config())
+        await service.add_tasks(f"c{i}", tasks)
+    cycles: list[float] = []
+    measuring = False
+    stop = False
+
+    async def worker(i: int) -> None:
+        rng = np.random.default_rng(i)
+        while not stop:
+            started = time.perf_counter()
+            batch = await service.select_batch(f"c{i}", cfg.batch_size, "")
+            outcomes = [
+                Outcome(key, float(s), ROLLOUTS)
+                for key, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
+            ]
+            await service.report_outcomes(f"c{i}", batch.batch_id, outcomes)
+            if measuring:
+                cycles.append(time.perf_counter() - started)
+
+    workers = [asyncio.create_task(worker(i)) for i in range(k)]
+    await asyncio.sleep(1.0)
+    waits.clear()
+    measuring = True
+    await asyncio.sleep(seconds)
+    measuring = False
+    stop = True
+    await asyncio.gather(*workers)
+    await service.close()
+    store.close()
+    return cycles
+
+
+def rebuild_probe(url: str, n: int) -> dict[str, Any]:
+    """In-process on SQLite: where the rebuild of an n-task experiment spends
+    its time (Store.load, of which decoding the features JSON, and
+    LiveExperiment.rebuild) and its memory (live objects vs the peak while
+    loading, traced by tracemalloc)."""
+    import gc
+    import tracemalloc
+
+    from bots_server.core.experiment import LiveExperiment
+    from bots_server.core.validation import engine_params
+    from bots_server.store import Store
+
+    store = Store(url)
+    store.migrate()
+    now = dt.datetime.now(dt.UTC)
+    row = store.create_experiment("rebuild", experiment_config(), now)
+    weak, strong = reference_rates(n)
+    store.add_tasks(
+        row.id,
+        0,
+        [f"task-{i:07d}" for i in range(n)],
+        [{"weak": w, "strong": s} for w, s in zip(weak.tolist(), strong.tolist(), strict=True)],
+    )
+    store.write_checkpoint(row.id, 1, None, [1.0] * n, [1.0] * n, now)
+    params = engine_params(experiment_config())
+    gc.collect()
+    try:
+        t0 = time.perf_counter()
+        rows = store.load(row.id)
+        t1 = time.perf_counter()
+        live = LiveExperiment.rebuild(rows, params)
+        t2 = time.perf_counter()
+        assert live.num_tasks == n
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            raw = [
+                r[0]
+                for r in conn.execute("SELECT features FROM tasks WHERE experiment_id = ? ORDER BY task_idx", (row.id,))
+            ]
+        t3 = time.perf_counter()
+        for text in raw:
+            json.loads(text)
+        t4 = time.perf_counter()
+        del raw, live, rows
+        gc.collect()
+        tracemalloc.start()
+        rows = store.load(row.id)
+        live = LiveExperiment.rebuild(rows, params)
+        with_rows, peak = tracemalloc.get_traced_memory()
+        del rows
+        gc.collect()
+        live_only, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        del live
+    finally:
+        store.close()
+    out = {
+        "backend": "sqlite",
+        "pool": n,
+        "load_s": t1 - t0,
+        "rebuild_s": t2 - t1,
+        "features_json_decode_s": t4 - t3,
+        "live_bytes_per_task": live_only / n,
+        "loaded_rows_bytes_per_task": (with_rows - live_only) / n,
+        "peak_bytes_per_task": peak / n,
+    }
+    log(
+        f"    sqlite, {n:,} tasks: Store.load {out['load_s']:.2f} s (json.loads of the features alone "
+        f"{out['features_json_decode_s']:.2f} s), LiveExperiment.rebuild {out['rebuild_s']:.2f} s; traced memory: "
+        f"live {out['live_bytes_per_task']:.0f} B/task, peak while loading {out['peak_bytes_per_task']:.0f} B/task"
+    )
+    return out
+
+
+def _experiment_step(store: Any, experiment_id: int) -> int:
+    from bots_server.store import schema as t
+
+    with store.engine.connect() as conn:
+        return int(conn.execute(t.experiments.select().where(t.experiments.c.id == experiment_id)).one().step)
+
+
+# -- reporting ---------------------------------------------------------------------------------------------
+
+
+def _ms(p: dict[str, float]) -> str:
+    return f"{p['p50']:.1f} / {p['p99']:.1f}"
+
+
+def tables(result: dict[str, Any]) -> str:
+    lines = [f"Machine: {common.machine_line(result['machine'])}.", ""]
+    if result["socket"]:
+        lines += _socket_tables(result)
+    return "\n".join(lines + _other_tables(result)) + "\n"
+
+
+def _socket_tables(result: dict[str, Any]) -> list[str]:
+    lines = [
+        (
+            "Latency over the socket, batch 256, BOTS defaults with the plug-in (ms, p50 / p99), beside the in-process engine "
+            "step measured right before on the same pool (ratio = round trip p50 / engine step p50):"
+        ),
+        "",
+        (
+            "| backend | pool | steps | SelectBatch | select p50, first -> last fifth of the steps | ReportOutcomes | round trip p50 | "
+            "engine select | engine update | engine step p50 | ratio |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    engine = {(e.get("backend"), e["pool"]): e for e in result["engine"]}
+    for r in result["socket"]:
+        e = engine.get((r["backend"], r["pool"])) or engine.get((None, r["pool"]))
+        ratio = r["round_trip_p50_ms"] / e["step"]["p50"] if e else float("nan")
+        trend = (
+            f"{r['select_p50_first_fifth']:.1f} -> {r['select_p50_last_fifth']:.1f}"
+            if "select_p50_first_fifth" in r
+            else ""
+        )
+        lines.append(
+            f"| {r['backend']} | {r['pool']:,} | {r['steps']} | {_ms(r['select'])} | {trend} | {_ms(r['report'])} | "
+            f"{r['round_trip_p50_ms']:.1f} | "
+            + (
+                f"{_ms(e['select'])} | {_ms(e['update'])} | {e['step']['p50']:.1f} | {ratio:.1f}x |"
+                if e
+                else " | | | |"
+            )
+        )
+    lines += [
+        "",
+        "Writes per step (measured on the database):",
+        "",
+        (
+            "| backend | pool | rows inserted per report (steps + outcomes) | rows inserted per select (batches + batch_tasks) | "
+            "bytes written per report | bytes written per select | bytes stored per step | checkpoints in the run |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["socket"]:
+        per = r["rows_inserted_per_step"]
+        report_rows = per.get("steps", 0) + per.get("outcomes", 0)
+        select_rows = per.get("batches", 0) + per.get("batch_tasks", 0)
+        if "wal_bytes_per_report" in r:
+            written_r, written_s = (
+                f"{r['wal_bytes_per_report'] / 1024:.1f} KiB WAL",
+                f"{r['wal_bytes_per_select'] / 1024:.1f} KiB WAL",
+            )
+        else:
+            written_r = f"{r['server_wchar_per_report'] / 1024:.1f} KiB"
+            written_s = f"{r['server_wchar_per_select'] / 1024:.1f} KiB"
+        ckpt = (
+            ", ".join(f"{c['seconds']:.2f} s" for c in r["checkpoints_during_run"] if c.get("seconds") is not None)
+            or "none"
+        )
+        lines.append(
+            f"| {r['backend']} | {r['pool']:,} | {report_rows:.0f} | {select_rows:.0f} | {written_r} | {written_s} | "
+            f"{r['stored_bytes_per_step'] / 1024:.1f} KiB | {ckpt} |"
+        )
+    lines += [
+        "",
+        "Restart and memory:",
+        "",
+        (
+            "| backend | pool | add tasks | rebuild after graceful restart | after crash (replayed steps) | graceful stop | "
+            "server memory per task | peak during rebuild |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["socket"]:
+        g, c = r["restart"], r["crash_restart"]
+        lines.append(
+            f"| {r['backend']} | {r['pool']:,} | {r['add_tasks_s']:.1f} s | {g['rebuild_s']:.2f} s | {c['rebuild_s']:.2f} s "
+            f"({c['replayed_steps']}) | {r['graceful_stop_s']:.1f} s | {g['bytes_per_task']:.0f} B | {g['peak_bytes_per_task']:.0f} B |"
+        )
+    return lines
+
+
+def _other_tables(result: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if result.get("throughput"):
+        lines += [
+            "",
+            f"Throughput: concurrent experiments of {result['throughput'][0]['pool']:,} tasks each, one select + report loop per experiment:",
+            "",
+            "| backend | experiments | steps/s | SelectBatch p50 / p99 | ReportOutcomes p50 / p99 | server CPU (cores) | bench client CPU | errors |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for t in result["throughput"]:
+            for lv in t["levels"]:
+                lines.append(
+                    f"| {t['backend']} | {lv['experiments']} | {lv['steps_per_s']:.1f} | {_ms(lv['select'])} | {_ms(lv['report'])} | "
+                    f"{lv['server_cpu_share']:.2f} | {lv['client_cpu_share']:.2f} | {sum(lv['errors'].values())} |"
+                )
+    if result.get("breakdown"):
+        lines += ["", "In-process breakdown (no gRPC), median ms per call:", ""]
+        for b in result["breakdown"]:
+            for phase in ("select", "report"):
+                p = b[phase]
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["parts_ms"].items(), key=lambda kv: -kv[1]))
+                stmts = ", ".join(f"{k} x{v:g}" for k, v in sorted(p["statements_per_call"].items()))
+                lines.append(
+                    f"- {b['backend']}, {b['pool']:,} tasks, {phase}: total {p['total_ms']:.2f} = {parts}, other "
+                    f"{p['unaccounted_ms']:.2f}; statements: {stmts}; connection checkouts {p['connection_checkouts_per_call']:g}, "
+                    f"commits {p['commits_per_call']:g}"
+                )
+    if result.get("history"):
+        lines += [
+            "",
+            "Lease query as the batch history grows (median ms; the store runs it twice per select):",
+            "",
+            "| backend | reported batches | batch_tasks rows | Store.leased_tasks | same query as IN (subquery) | Store.find_batch |",
+            "|---|---|---|---|---|---|",
+        ]
+        for h in result["history"]:
+            for p in h["points"]:
+                lines.append(
+                    f"| {h['backend']} | {p['reported_batches']:,} | {p['batch_tasks_rows']:,} | {p['leased_tasks_ms']:.2f} | "
+                    f"{p.get('leased_tasks_rewritten_ms', float('nan')):.2f} | {p['find_batch_ms']:.2f} |"
+                )
+    if result.get("contention"):
+        c = result["contention"]
+        lines += [
+            "",
+            f"SQLite write-lock contention, in-process service, experiments of {c['pool']:,} tasks (ms):",
+            "",
+            "| variant | experiments | steps/s | select+report p50 / p99 | write-lock wait p50 / p99 / max |",
+            "|---|---|---|---|---|",
+        ]
+        for r in c["runs"]:
+            w = r["write_lock_wait"]
+            lines.append(
+                f"| {r['variant']} | {r['experiments']} | {r['steps_per_s']:.1f} | {_ms(r['cycle'])} | "
+                f"{w['p50']:.2f} / {w['p99']:.1f} / {w['max']:.1f} |"
+            )
+    if result.get("rebuild"):
+        r = result["rebuild"]
+        lines += [
+            "",
+            (
+                f"Rebuild of {r['pool']:,} tasks in-process (SQLite): Store.load {r['load_s']:.2f} s, of which decoding every task's "
+                f"features JSON {r['features_json_decode_s']:.2f} s; LiveExperiment.rebuild {r['rebuild_s']:.2f} s. Traced Python "
+                f"memory: the loaded experiment {r['live_bytes_per_task']:.0f} B/task, the LoadedRows on top "
+                f"{r['loaded_rows_bytes_per_task']:.0f} B/task, peak while loading {r['peak_bytes_per_task']:.0f} B/task."
+            ),
+        ]
+    if result.get("inserts"):
+        kinds = list(dict.fromkeys(k for ins in result["inserts"] for k in ins["ms"]))
+        lines += ["", f"Inserting one report's {result['inserts'][0]['rows']} outcome rows + commit (median ms):", ""]
+        lines += ["| backend | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+        for ins in result["inserts"]:
+            lines.append(
+                f"| {ins['backend']} | "
+                + " | ".join(f"{ins['ms'][k]:.2f}" if k in ins["ms"] else "n/a" for k in kinds)
+                + " |"
+            )
+    return lines
+
+
+# -- command line -------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.perf", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="pools 10k and 100k, fewer steps, 3 s throughput windows")
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated: sqlite,postgresql (default both; PostgreSQL skipped if unreachable)",
+    )
+    parser.add_argument("--pools", default=None, help="comma-separated pool sizes (default 10000,100000,1000000)")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per pool (default depends on the pool)")
+    parser.add_argument("--throughput-seconds", type=float, default=None)
+    parser.add_argument(
+        "--throughput-levels", default=None, help="comma-separated concurrent experiments (default 1,8,64)"
+    )
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated parts to skip: socket,engine,throughput,breakdown,history,contention,rebuild",
+    )
+    parser.add_argument(
+        "--out", default=None, help="JSON output (default bench/results/perf.json, perf-quick.json with --quick)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = QUICK if args.quick else PerfConfig()
+    if args.backends:
+        cfg = dataclasses.replace(cfg, backends=tuple(args.backends.split(",")))
+    if args.pools:
+        cfg = dataclasses.replace(cfg, pools=tuple(int(p) for p in args.pools.split(",")))
+    if args.steps:
+        cfg = dataclasses.replace(cfg, steps=tuple((p, args.steps) for p in cfg.pools))
+    if args.throughput_seconds:
+        cfg = dataclasses.replace(cfg, throughput_seconds=args.throughput_seconds)
+    if args.throughput_levels:
+        cfg = dataclasses.replace(cfg, throughput_levels=tuple(int(x) for x in args.throughput_levels.split(",")))
+    skip = set(filter(None, args.skip.split(",")))
+    unknown = skip - {"socket", "engine", "throughput", "breakdown", "history", "contention", "rebuild"}
+    if unknown:
+        raise SystemExit(f"--skip: unknown parts {sorted(unknown)}")
+    backends = list(cfg.backends)
+    if "postgresql" in backends and not common.postgres_available():
+        log("PostgreSQL is not reachable (BOTS_TEST_PG_DSN): skipping it")
+        backends.remove("postgresql")
+    out_path = Path(args.out) if args.out else common.RESULTS / ("perf-quick.json" if args.quick else "perf.json")
+    result: dict[str, Any] = {
+        "machine": common.machine_info(),
+        "config": dataclasses.asdict(cfg),
+        "engine": [],
+        "socket": [],
+        "throughput": [],
+        "breakdown": [],
+        "history": [],
+    }
+    started = time.perf_counter()
+    if "engine" not in skip and ("socket" in skip or not backends):
+        log("in-process engine step (select 256 + update):")
+        for n in cfg.pools:
+            e = {"backend": None, "pool": n, **engine_baseline(n, cfg.batch_size, cfg.engine_steps)}
+            result["engine"].append(e)
+            log(
+                f"    {n:>9,} tasks: select {e['select']['p50']:.2f} ms, update {e['update']['p50']:.2f} ms, step {e['step']['p50']:.2f} ms"
+            )
+    for backend in backends:
+        if "socket" not in skip:
+            log(f"{backend}: latency, writes, restart, memory over the socket:")
+            for n in cfg.pools:
+                if "engine" not in skip:  # the baseline right before, under the same load
+                    e = {"backend": backend, "pool": n, **engine_baseline(n, cfg.batch_size, cfg.engine_steps)}
+                    result["engine"].append(e)
+                    log(f"    {n:>9,} tasks in-process engine: step {e['step']['p50']:.2f} ms")
+                with common.database(backend) as url:
+                    result["socket"].append(socket_run(backend, url, n, cfg))
+        if "throughput" not in skip:
+            log(f"{backend}: throughput:")
+            with common.database(backend) as url:
+                result["throughput"].append(throughput_run(backend, url, cfg))
+        if "breakdown" not in skip:
+            log(f"{backend}: in-process breakdown at {cfg.breakdown_pool:,} tasks:")
+            with common.database(backend) as url:
+                b = breakdown_run(backend, url, cfg)
+                result["breakdown"].append(b)
+                log(f"    select {b['select']['total_ms']:.1f} ms, report {b['report']['total_ms']:.1f} ms")
+        if "history" not in skip:
+            log(f"{backend}: lease query vs history:")
+            with common.database(backend) as url:
+                result["history"].append(history_probe(backend, url, cfg))
+            with common.database(backend) as url:
+                result.setdefault("inserts", []).append(insert_probe(backend, url, cfg))
+        if "rebuild" not in skip and backend == "sqlite":
+            log(f"sqlite: rebuild of {max(cfg.pools):,} tasks, in-process:")
+            with common.database("sqlite") as url:
+                result["rebuild"] = rebuild_probe(url, max(cfg.pools))
+        if "contention" not in skip and backend == "sqlite":
+            log("sqlite: write-lock contention between experiments (in-process):")
+            result["contention"] = contention_probe("", cfg, cfg.contention_seconds)
+    result["seconds"] = time.perf_counter() - started
+    text = tables(result)
+    print(text)
+    common.write_json(out_path, result)
+    out_path.with_suffix(".md").write_text(text)
+    log(f"wrote {out_path} and {out_path.with_suffix('.md')} ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

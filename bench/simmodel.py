@@ -1,0 +1,171 @@
+"""The simulated world of the learning-dynamics benchmark: tasks, a learner,
+reference models. Pure numpy, no I/O (bench/simulate.py drives it).
+
+Tasks follow a two-parameter item-response model with skills: task i needs
+skill k_i, has difficulty b_i and discrimination a_i, and a model with
+per-skill ability theta solves it with probability
+
+    p_i(theta) = sigmoid(a_i * (theta[k_i] - b_i) + e_i).
+
+e_i is a model-specific affinity for the task (every model, the learner and
+each reference model, has its own, drawn once): models that agree on skills
+still disagree on particular problems, which is what makes predictions from
+reference models imperfect.
+
+The learner is an RL policy trained GRPO-style: each step it rolls out m
+attempts of each of the B tasks of its batch, and each group's gradient
+signal is the variance of its rewards, r (1 - r) with r = k / m (in
+expectation proportional to p (1 - p); exactly 0 for all-correct and
+all-wrong groups, which have zero advantage). The signal raises the ability
+of the task's skill, with some transfer to every skill, and the step's
+update is averaged over the B groups, so groups without signal dilute it:
+
+    theta[k] += lr / B * sum_{i in batch} a_i r_i (1 - r_i) * ((1 - tau) [k_i = k] + tau / K)
+
+Held-out accuracy is the learner's expected pass rate on held-out tasks from
+the same distribution. Two reference models (a weaker and a stronger one,
+with their own uneven skill profiles) have their pass rates measured on the
+training pool with `reference_samples` attempts each: the noisy features the
+interpolation plug-in uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    num_tasks: int = 3000  # training pool
+    num_heldout: int = 1000
+    num_skills: int = 8
+    difficulty_mean: float = 2.0
+    difficulty_sd: float = 3.0
+    discrimination_median: float = 1.5  # log-normal
+    discrimination_log_sd: float = 0.3
+    skill_sd: float = 0.5  # spread of the learner's initial per-skill ability (mean 0)
+    weak_gap: float = 0.5  # weak reference model: this much below the initial learner, on average
+    strong_gap: float = 3.0  # strong reference model: this much above, on average
+    reference_skill_sd: float = 0.5  # the reference models' own unevenness across skills
+    idiosyncrasy_sd: float = 0.75  # per-(model, task) logit residual e_i
+    reference_samples: int = 16  # attempts per task when measuring reference pass rates
+    learning_rate: float = 0.8
+    transfer: float = 0.3  # share of a task's signal that raises every skill
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def group_signal(successes: np.ndarray, trials: np.ndarray | int) -> np.ndarray:
+    """Gradient signal of each rollout group: the variance of its 0/1 rewards,
+    r (1 - r) with r = successes / trials. Zero for all-correct and all-wrong
+    groups; its expectation is p (1 - p) (n - 1) / n."""
+    r = np.asarray(successes, dtype=np.float64) / np.asarray(trials, dtype=np.float64)
+    return r * (1.0 - r)
+
+
+@dataclass(frozen=True)
+class World:
+    config: WorldConfig
+    skill: np.ndarray  # (N,) int
+    difficulty: np.ndarray  # (N,)
+    discrimination: np.ndarray  # (N,)
+    heldout_skill: np.ndarray
+    heldout_difficulty: np.ndarray
+    heldout_discrimination: np.ndarray
+    affinity: np.ndarray  # (N,) the learner's per-task logit residual
+    heldout_affinity: np.ndarray
+    theta0: np.ndarray  # (K,) the learner at step 0
+    weak_theta: np.ndarray
+    strong_theta: np.ndarray
+    weak_ref: np.ndarray  # (N,) measured pass rates of the weak reference model
+    strong_ref: np.ndarray  # (N,) ... of the strong one
+
+    @classmethod
+    def generate(cls, config: WorldConfig, seed: int) -> World:
+        rng = np.random.default_rng([seed, 0x5EED])
+        k = config.num_skills
+
+        def tasks(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            skill = rng.integers(0, k, size=n)
+            difficulty = rng.normal(config.difficulty_mean, config.difficulty_sd, size=n)
+            discrimination = config.discrimination_median * np.exp(rng.normal(0, config.discrimination_log_sd, size=n))
+            return skill, difficulty, discrimination
+
+        skill, difficulty, discrimination = tasks(config.num_tasks)
+        h_skill, h_difficulty, h_discrimination = tasks(config.num_heldout)
+        sd = config.idiosyncrasy_sd
+        affinity = rng.normal(0, sd, size=config.num_tasks)
+        heldout_affinity = rng.normal(0, sd, size=config.num_heldout)
+        theta0 = rng.normal(0.0, config.skill_sd, size=k)
+        weak_theta = theta0 - config.weak_gap + rng.normal(0, config.reference_skill_sd, size=k)
+        strong_theta = theta0 + config.strong_gap + rng.normal(0, config.reference_skill_sd, size=k)
+        n_ref = config.reference_samples
+
+        def measured(theta: np.ndarray) -> np.ndarray:
+            own = rng.normal(0, sd, size=config.num_tasks)  # this reference model's affinities
+            p = sigmoid(discrimination * (theta[skill] - difficulty) + own)
+            return rng.binomial(n_ref, p) / n_ref
+
+        return cls(
+            config,
+            skill,
+            difficulty,
+            discrimination,
+            h_skill,
+            h_difficulty,
+            h_discrimination,
+            affinity,
+            heldout_affinity,
+            theta0,
+            weak_theta,
+            strong_theta,
+            measured(weak_theta),
+            measured(strong_theta),
+        )
+
+    @property
+    def num_tasks(self) -> int:
+        return int(self.skill.shape[0])
+
+    def success_prob(self, theta: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
+        """True pass rates of the training tasks (all, or `idx`) at ability theta."""
+        if idx is None:
+            return sigmoid(self.discrimination * (theta[self.skill] - self.difficulty) + self.affinity)
+        return sigmoid(self.discrimination[idx] * (theta[self.skill[idx]] - self.difficulty[idx]) + self.affinity[idx])
+
+    def accuracy(self, theta: np.ndarray) -> float:
+        """Expected held-out accuracy."""
+        p = sigmoid(
+            self.heldout_discrimination * (theta[self.heldout_skill] - self.heldout_difficulty) + self.heldout_affinity
+        )
+        return float(p.mean())
+
+
+class Learner:
+    """The policy being trained: per-skill ability, grown by gradient signal."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.theta = world.theta0.copy()
+
+    def train(self, idx: np.ndarray, successes: np.ndarray, trials: int, batch_size: int) -> float:
+        """One optimizer step on the groups (idx, successes of `trials`).
+        The update is averaged over `batch_size` groups. Returns the step's
+        total signal (sum of group signals)."""
+        cfg = self.world.config
+        signal = group_signal(successes, trials)
+        weighted = signal * self.world.discrimination[idx]
+        per_skill = np.bincount(self.world.skill[idx], weights=weighted, minlength=cfg.num_skills)
+        shared = per_skill.sum() / cfg.num_skills
+        self.theta = self.theta + cfg.learning_rate / batch_size * (
+            (1 - cfg.transfer) * per_skill + cfg.transfer * shared
+        )
+        return float(signal.sum())
+
+    def rollout(self, idx: np.ndarray, trials: int, rng: np.random.Generator) -> np.ndarray:
+        """Successes of `trials` attempts at each task in idx."""
+        return rng.binomial(trials, self.world.success_prob(self.theta, idx))

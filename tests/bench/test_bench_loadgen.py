@@ -1,0 +1,114 @@
+"""The load generator (bench/loadgen.py) against a real server: it stops at
+its count and time bounds, cleans up, and reports errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bots_client
+import pytest
+
+from bench import loadgen
+from tests.support.servers import ServerProcess
+
+SMALL = ["--pool", "300", "--batch-size", "16", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(f"sqlite:///{tmp_path_factory.mktemp('loadgen') / 'loadgen.db'}").start()
+    yield proc
+    proc.stop()
+
+
+def run(tmp_path: Path, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "result.json"
+    code = loadgen.main([*args, "--json", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def experiment_names(address: str) -> list[str]:
+    with bots_client.Client(address) as client:
+        return [e.name for e in client.list_experiments()]
+
+
+def test_stops_at_the_request_count(server: ServerProcess, tmp_path: Path) -> None:
+    code, result = run(
+        tmp_path,
+        "--target",
+        server.address,
+        "--requests",
+        "30",
+        "--duration",
+        "120",
+        "--concurrency",
+        "3",
+        "--experiments",
+        "2",
+        *SMALL,
+    )
+    assert code == 0
+    assert result["requests_issued"] == 30
+    assert result["requests_ok"] == 30
+    assert result["errors_total"] == 0
+    lat = result["latency_ms"]
+    assert lat["SelectBatch"]["n"] + lat["ReportOutcomes"]["n"] == 30
+    assert 0 < lat["SelectBatch"]["p50"] <= lat["SelectBatch"]["p99"] <= lat["SelectBatch"]["max"]
+    assert result["load_seconds"] < 60
+    assert not [n for n in experiment_names(server.address) if n.startswith("loadgen-")]  # scratch experiments deleted
+
+
+def test_stops_at_the_time_bound(server: ServerProcess, tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, result = run(
+        tmp_path, "--target", server.address, "--requests", "0", "--duration", "2", "--grace", "2", *SMALL
+    )
+    elapsed = time.monotonic() - started
+    assert code == 0
+    assert result["requests_ok"] > 0
+    assert result["elapsed_seconds"] < 2 + 2 + 1
+    assert elapsed < 10
+
+
+def test_keep_leaves_the_experiments(server: ServerProcess, tmp_path: Path) -> None:
+    code, _ = run(tmp_path, "--target", server.address, "--requests", "4", "--prefix", "kept", "--keep", *SMALL)
+    assert code == 0
+    assert "kept-0" in experiment_names(server.address)
+    with bots_client.Client(server.address) as client:
+        client.delete_experiment("kept-0")
+
+
+def test_reports_server_errors(server: ServerProcess, tmp_path: Path) -> None:
+    with bots_client.Client(server.address) as client:
+        client.create_experiment("taken-0")
+    try:
+        code, result = run(tmp_path, "--target", server.address, "--prefix", "taken", "--duration", "5", *SMALL)
+    finally:
+        with bots_client.Client(server.address) as client:
+            client.delete_experiment("taken-0")
+    assert code == 2
+    assert result["errors"] == {"CreateExperiment": {"ALREADY_EXISTS": 1}}
+
+
+def test_reports_errors_for_a_bad_address(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    code, result = run(tmp_path, "--target", f"127.0.0.1:{port}", "--duration", "3", *SMALL)
+    assert time.monotonic() - started < 10
+    assert code == 2
+    assert result["errors_total"] >= 1
+    assert "UNAVAILABLE" in result["errors"]["CreateExperiment"]
+    assert result["requests_ok"] == 0
+
+
+def test_loopback_mode_starts_and_stops_its_own_server(tmp_path: Path) -> None:
+    code, result = run(tmp_path, "--requests", "6", "--duration", "60", *SMALL)
+    assert code == 0
+    assert result["requests_ok"] == 6
+    assert result["target"].startswith("127.0.0.1:")

@@ -1,0 +1,66 @@
+"""The performance benchmark's parts run end to end on a tiny pool and
+measure what they claim (bench/perf.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bench import common, perf
+
+TINY = dataclasses.replace(
+    perf.PerfConfig(),
+    backends=("sqlite",),
+    pools=(2000,),
+    batch_size=16,
+    steps=((2000, 6),),
+    engine_steps=3,
+    crash_steps=3,
+    throughput_levels=(1, 2),
+    throughput_pool=500,
+    throughput_seconds=1.0,
+    breakdown_pool=2000,
+    breakdown_steps=3,
+    history_batches=(0, 20),
+)
+
+
+def test_engine_baseline() -> None:
+    e = perf.engine_baseline(2000, 16, 3)
+    assert e["step"]["n"] == 3
+    assert e["select"]["p50"] > 0 and e["update"]["p50"] > 0
+
+
+def test_socket_run_measures_latency_rows_restart_and_memory() -> None:
+    with common.database("sqlite") as url:
+        r = perf.socket_run("sqlite", url, 2000, TINY)
+    assert r["select"]["n"] == r["report"]["n"] == 6
+    # one steps row and one outcomes row per reported task; one batch row and one row per selected task
+    assert r["rows_inserted_per_step"] == {"steps": 1.0, "outcomes": 16.0, "batches": 1.0, "batch_tasks": 16.0}
+    assert r["server_wchar_per_report"] > 0
+    assert r["restart"]["replayed_steps"] == 0  # a graceful stop checkpoints
+    assert r["crash_restart"]["replayed_steps"] == TINY.crash_steps
+    assert r["restart"]["rss_loaded"] > 0
+
+
+def test_throughput_breakdown_history_and_tables() -> None:
+    result = {
+        "machine": common.machine_info(),
+        "engine": [{"pool": 2000, **perf.engine_baseline(2000, 16, 3)}],
+        "socket": [],
+    }
+    with common.database("sqlite") as url:
+        t = perf.throughput_run("sqlite", url, TINY)
+    assert [lv["experiments"] for lv in t["levels"]] == [1, 2]
+    assert all(lv["steps"] > 0 and not lv["errors"] for lv in t["levels"])
+    with common.database("sqlite") as url:
+        b = perf.breakdown_run("sqlite", url, TINY)
+    assert b["report"]["rows_per_call"]["INSERT outcomes (executemany)"] == 16
+    assert b["report"]["rows_per_call"]["INSERT steps"] == 1
+    assert b["select"]["rows_per_call"]["INSERT batch_tasks (executemany)"] == 16
+    assert b["report"]["parts_ms"]["commit_report"] > 0
+    with common.database("sqlite") as url:
+        h = perf.history_probe("sqlite", url, TINY)
+    assert [p["reported_batches"] for p in h["points"]] == [0, 20]
+    result.update(throughput=[t], breakdown=[b], history=[h])
+    text = perf.tables(result)
+    assert "Throughput" in text and "In-process breakdown" in text and "Lease query" in text

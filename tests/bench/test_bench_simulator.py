@@ -1,0 +1,146 @@
+"""The learning-dynamics simulator (bench/simmodel.py, bench/simulate.py):
+the model behaves as documented, the baselines do what they claim, and the
+simulated trainer gets the same batches from a real server as in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import bots_client
+import numpy as np
+import pytest
+
+from bench import simulate
+from bench.simmodel import Learner, World, WorldConfig, group_signal
+from tests.support.servers import ServerProcess
+
+TINY_WORLD = WorldConfig(num_tasks=300, num_heldout=200, num_skills=4)
+TINY = simulate.SimConfig(world=TINY_WORLD, batch_size=8, rollouts=8, steps=40, probe_every=10, targets=(0.3, 0.4))
+
+
+def test_signal_is_zero_for_all_correct_and_all_wrong_groups() -> None:
+    signal = group_signal(np.array([0, 16, 8, 4]), 16)
+    assert signal.tolist() == [0.0, 0.0, 0.25, 0.1875]
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.5, 0.9])
+def test_signal_expectation_is_proportional_to_p_one_minus_p(p: float) -> None:
+    m = 16
+    draws = np.random.default_rng(0).binomial(m, p, size=200_000)
+    expected = p * (1 - p) * (m - 1) / m
+    assert group_signal(draws, m).mean() == pytest.approx(expected, rel=0.02)
+
+
+def test_learner_learns_nothing_from_groups_without_signal() -> None:
+    world = World.generate(TINY_WORLD, seed=0)
+    learner = Learner(world)
+    idx = np.arange(8)
+    learner.train(idx, np.array([0, 8, 0, 8, 0, 8, 0, 8]), 8, batch_size=8)
+    assert np.array_equal(learner.theta, world.theta0)
+    learner.train(idx, np.full(8, 4), 8, batch_size=8)
+    gain = learner.theta - world.theta0
+    assert (gain > 0).all()  # transfer raises every skill
+    trained = np.unique(world.skill[idx])
+    untrained = np.setdiff1d(np.arange(TINY_WORLD.num_skills), trained)
+    if untrained.size:
+        assert gain[trained].min() > gain[untrained].max()  # the trained skills most
+
+
+def test_accuracy_grows_with_ability() -> None:
+    world = World.generate(TINY_WORLD, seed=1)
+    assert world.accuracy(world.theta0 + 1.0) > world.accuracy(world.theta0) > world.accuracy(world.theta0 - 1.0)
+
+
+def test_reference_pass_rates_are_noisy_measurements_of_weaker_and_stronger_models() -> None:
+    cfg = dataclasses.replace(TINY_WORLD, num_tasks=2000)
+    world = World.generate(cfg, seed=2)
+    n = cfg.reference_samples
+    for ref in (world.weak_ref, world.strong_ref):
+        assert np.allclose(ref * n, np.round(ref * n))  # k / n from n attempts
+        assert ((ref >= 0) & (ref <= 1)).all()
+    assert world.weak_ref.mean() < world.success_prob(world.theta0).mean() < world.strong_ref.mean()
+    truth = world.success_prob(world.theta0)
+    corr = np.corrcoef(world.weak_ref, truth)[0, 1]
+    assert 0.5 < corr < 0.99  # informative, not exact
+
+
+def run_local(method: str, seed: int, sim: simulate.SimConfig = TINY) -> dict:
+    return asyncio.run(simulate.run_one(simulate.METHODS[method], seed, sim, None, "test"))
+
+
+def test_oracle_beats_uniform_on_a_tiny_pool() -> None:
+    seeds = range(4)
+    oracle = [run_local("oracle", s)["accuracy"][-1] for s in seeds]
+    uniform = [run_local("uniform", s)["accuracy"][-1] for s in seeds]
+    assert all(o > u for o, u in zip(oracle, uniform, strict=True)), (oracle, uniform)
+
+
+def test_oracle_batches_are_all_informative_more_often_than_uniform() -> None:
+    oracle = np.mean([np.mean(run_local("oracle", s)["informative"]) for s in range(3)])
+    uniform = np.mean([np.mean(run_local("uniform", s)["informative"]) for s in range(3)])
+    assert oracle > uniform
+
+
+def test_dapo_trains_on_informative_groups_and_pays_for_the_others() -> None:
+    dapo, uniform = run_local("dapo", 0), run_local("uniform", 0)
+    per_step = TINY.batch_size * TINY.rollouts
+    assert uniform["rollouts"][-1] == TINY.steps * per_step
+    assert dapo["rollouts"][-1] > TINY.steps * per_step  # the dropped groups' rollouts count
+    steps_generated = np.diff(dapo["rollouts"]) / per_step
+    assert (steps_generated >= 1).all() and (steps_generated <= TINY.dapo_max_draws).all()
+    # every trained group has signal: the step's total signal is positive
+    assert min(dapo["signal"]) > 0
+
+
+def test_band_filter_only_selects_tasks_in_the_band() -> None:
+    world = World.generate(TINY_WORLD, seed=0)
+    pool = simulate.band_pool(world, TINY)
+    mid = (world.weak_ref + world.strong_ref) / 2
+    assert ((mid[pool] >= TINY.band[0]) & (mid[pool] <= TINY.band[1])).all()
+    assert pool.size < world.num_tasks
+
+
+def test_runs_are_deterministic() -> None:
+    assert run_local("bots", 3)["accuracy"] == run_local("bots", 3)["accuracy"]
+
+
+def test_summary_and_claims_render(tmp_path: Path) -> None:
+    methods = [simulate.METHODS[m] for m in ("uniform", "bots-explicit", "bots", "bots-implicit", "oracle")]
+    runs = [run_local(m.name, s) for m in methods for s in range(2)]
+    summary = simulate.summarize(runs, TINY, methods)
+    assert set(summary["methods"]) == {m.name for m in methods}
+    assert {c["claim"].split(" ")[0] for c in summary["claims"]} >= {"BOTS", "implicit-only", "explicit-only", "the"}
+    text = simulate.markdown(
+        summary,
+        TINY,
+        {"date": "-", "nproc": 1, "cpu": "-", "mem_gib": 1, "loadavg_at_start": [], "python": "-", "numpy": "-"},
+        "local",
+    )
+    assert "| uniform random |" in text and "Claims:" in text
+
+
+@pytest.fixture(scope="module")
+def sqlite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(f"sqlite:///{tmp_path_factory.mktemp('sim') / 'sim.db'}").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("method", ["bots", "mopps", "band", "dapo"])
+def test_grpc_backend_gives_the_same_run_as_the_in_process_engine(sqlite_server: ServerProcess, method: str) -> None:
+    sim = dataclasses.replace(TINY, steps=12)
+
+    async def remote() -> dict:
+        async with bots_client.AsyncClient(sqlite_server.address) as client:
+            result = await simulate.run_one(simulate.METHODS[method], 5, sim, client, "t")
+            names = [e.name for e in await client.list_experiments()]
+        assert not [n for n in names if n.startswith("sim-t-")]  # the run deleted its experiment
+        return result
+
+    over_grpc = asyncio.run(remote())
+    local = run_local(method, 5, sim)
+    for field in ("accuracy", "rollouts", "informative", "capability", "posterior_error"):
+        assert over_grpc[field] == local[field], field
