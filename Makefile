@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test tools proto bench clean
+.PHONY: serve test tools proto bench simulate soak clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,17 @@ tools:
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
+
+# Benchmarks (docs/benchmarks.md): speed and scale; data efficiency.
+bench: $(STAMP)
+	$(BIN)/python -m bench.perf
+
+simulate: $(STAMP)
+	$(BIN)/python -m bench.simulate
+
+# Crash soak (docs/design.md): random SIGKILLs for SOAK_MINUTES.
+soak: $(STAMP)
+	$(BIN)/python scripts/soak.py --minutes $(or $(SOAK_MINUTES),10)
 
 clean:
 	rm -rf $(VENV)

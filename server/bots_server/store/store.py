@@ -171,7 +171,11 @@ class Store:
             # waits, and TCP keepalives to notice a database host that vanished.
             return sa.create_engine(
                 self.url,
-                pool_pre_ping=True,
+                # No ping per checkout (a round trip per transaction): a dead
+                # connection fails its call with Unavailable, which clients
+                # retry, and the disconnect invalidates the whole pool.
+                pool_pre_ping=False,
+                pool_recycle=1800,
                 pool_size=8,
                 max_overflow=8,
                 pool_timeout=connect_timeout_s,
@@ -213,10 +217,12 @@ class Store:
                 yield conn
 
     @contextmanager
-    def _read(self) -> Iterator[Connection]:
-        """A read transaction that sees one consistent snapshot."""
+    def _read(self, snapshot: bool = False) -> Iterator[Connection]:
+        """A read transaction; `snapshot`: every statement sees the same
+        snapshot on PostgreSQL too (REPEATABLE READ, which costs extra round
+        trips to set and reset, so only where statements must agree)."""
         with self.engine.connect() as conn:
-            if not self.is_sqlite:
+            if snapshot and not self.is_sqlite:
                 conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
                 yield conn
@@ -416,7 +422,9 @@ class Store:
         rebuild). Otherwise only tasks from `first_task` and events after
         `after_step` (catching up a cached copy). None if the experiment is gone.
         """
-        with self._read() as conn:
+        # A rebuild reads the checkpoint and the events after it: one snapshot.
+        # Catching up reads append-only rows bounded by the experiment row.
+        with self._read(snapshot=after_step is None) as conn:
             row = conn.execute(_EXPERIMENTS.where(t.experiments.c.id == experiment_id)).one_or_none()
             if row is None:
                 return None
@@ -434,14 +442,18 @@ class Store:
                 config = experiment.config
                 query = (
                     sa.select(t.tasks.c.key, self._feature(config.weak_feature), self._feature(config.strong_feature))
-                    .where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.task_idx >= first_task)
+                    .where(
+                        t.tasks.c.experiment_id == experiment_id,
+                        t.tasks.c.task_idx >= first_task,
+                        t.tasks.c.task_idx < experiment.num_tasks,
+                    )
                     .order_by(t.tasks.c.task_idx)
                 )
                 for key, w, s in conn.execute(query):
                     keys.append(key)
                     weak.append(w)
                     strong.append(s)
-            events = self._read_events(conn, experiment_id, after_step) if after_step < experiment.step else []
+            events = self._read_events(conn, experiment_id, after_step, experiment.step)
             batch = leased = None
             if lookup is not None:
                 if lookup.batch_id:
@@ -488,15 +500,22 @@ class Store:
             create_time=_utc(meta.create_time),
         )
 
-    def _read_events(self, conn: Connection, experiment_id: int, after_step: int) -> list[StepEvent]:
+    def _read_events(self, conn: Connection, experiment_id: int, after_step: int, until_step: int) -> list[StepEvent]:
+        """Events of steps after_step+1 .. until_step, ascending."""
+        if after_step >= until_step:
+            return []
         step_rows = conn.execute(
             sa.select(t.steps)
-            .where(t.steps.c.experiment_id == experiment_id, t.steps.c.step > after_step)
+            .where(t.steps.c.experiment_id == experiment_id, t.steps.c.step > after_step, t.steps.c.step <= until_step)
             .order_by(t.steps.c.step)
         ).all()
         outcome_rows = conn.execute(
             sa.select(t.outcomes.c.step, t.outcomes.c.task_idx, t.outcomes.c.successes, t.outcomes.c.trials)
-            .where(t.outcomes.c.experiment_id == experiment_id, t.outcomes.c.step > after_step)
+            .where(
+                t.outcomes.c.experiment_id == experiment_id,
+                t.outcomes.c.step > after_step,
+                t.outcomes.c.step <= until_step,
+            )
             .order_by(t.outcomes.c.step, t.outcomes.c.task_idx)
         ).all()
         by_step: dict[int, list[Any]] = {}
@@ -507,7 +526,7 @@ class Store:
     @_translate_errors
     def read_event(self, experiment_id: int, step: int) -> StepEvent:
         with self._read() as conn:
-            return self._read_events(conn, experiment_id, step - 1)[0]
+            return self._read_events(conn, experiment_id, step - 1, step)[0]
 
     @_translate_errors
     def write_checkpoint(
