@@ -21,7 +21,7 @@ from typing import IO
 
 import bots_client
 from bots_server import logs, settings
-from bots_server.store import Store
+from bots_server.store import DatabaseInUse, Store
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 
@@ -43,7 +43,12 @@ def _migrate(args: argparse.Namespace) -> int:
     from bots_server.service.server import migrate_schema, schema_is_current
 
     logs.configure("INFO", args.log_format)
-    store = Store(args.db)
+    try:
+        # On SQLite, never migrate a file a running server holds.
+        store = Store(args.db, exclusive=not args.check)
+    except DatabaseInUse as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     deadline = time.monotonic() + args.wait_seconds
     try:
         while True:

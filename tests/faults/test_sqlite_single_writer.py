@@ -37,3 +37,16 @@ def test_second_server_on_the_same_file_fails_clearly(tmp_path) -> None:
             assert client.get_experiment("e").step == 1
     finally:
         again.stop()
+
+
+def test_migrate_refuses_a_file_a_server_holds(tmp_path) -> None:
+    db = f"sqlite:///{tmp_path / 'held.db'}"
+    server = ServerProcess(db).start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "bots_server.cli", "migrate", "--db", db], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 1
+        assert "is in use by another bots-server" in result.stderr
+    finally:
+        server.stop()

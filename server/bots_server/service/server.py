@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 import grpc
+import sqlalchemy
 import sqlalchemy.exc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -196,9 +197,7 @@ def schema_is_current(store: Store) -> tuple[bool, list[str], list[str]]:
 
 def _redact(url: str) -> str:
     """The database URL without its password, for logs."""
-    from sqlalchemy import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
+    return sqlalchemy.make_url(url).render_as_string(hide_password=True)
 
 
 async def serve(settings: ServerSettings) -> None:
