@@ -86,3 +86,23 @@ def test_sigterm_finishes_and_checkpoints(tmp_path) -> None:
         assert messages.index("shutting down") < messages.index("checkpoint written") < messages.index("stopped")
     finally:
         server.kill()
+
+
+def test_client_request_ids_reach_the_server_logs(tmp_path) -> None:
+    """A failed call's request id names the server's log line of that call,
+    so a trainer's error can be found in the server's logs."""
+    server = ServerProcess(f"sqlite:///{tmp_path / 'ids.db'}", extra_args=["--log-level", "DEBUG"]).start()
+    try:
+        with bots_client.Client(server.address) as client:
+            try:
+                client.get_experiment("missing")
+            except bots_client.NotFoundError as e:
+                error = e
+            else:
+                raise AssertionError("expected NOT_FOUND")
+        assert len(error.request_id) == 32
+        server.stop()
+        lines = [e for e in server.log_lines if e.get("request_id") == error.request_id]
+        assert any(e.get("message") == "rpc" and e.get("code") == "NOT_FOUND" for e in lines), lines
+    finally:
+        server.kill()

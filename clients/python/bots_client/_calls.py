@@ -27,6 +27,17 @@ CHANNEL_OPTIONS = (
 )
 
 
+Metadata = tuple[tuple[str, str], ...]
+REQUEST_ID_KEY = "x-request-id"
+
+
+def with_request_id(metadata: Metadata) -> tuple[str, Metadata]:
+    """A fresh request id (kept across retries of one call, so the server's
+    log lines of every attempt share it) and the metadata carrying it."""
+    request_id = uuid.uuid4().hex
+    return request_id, ((REQUEST_ID_KEY, request_id), *metadata)
+
+
 def request_key(given: str | None) -> str:
     """Every select carries a key, so a retried call cannot select twice."""
     return given if given else f"auto-{uuid.uuid4().hex}"

@@ -51,25 +51,26 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, fn: Callable[[float], Awaitable[T]], timeout: float | None = None) -> T:
+    async def _call(self, fn: Callable[[float, _calls.Metadata], Awaitable[T]], timeout: float | None = None) -> T:
+        request_id, metadata = _calls.with_request_id(self._metadata)
         deadline = time.monotonic() + self.retry_timeout
         for delay in _calls.backoff():
             try:
-                return await fn(self.timeout if timeout is None else timeout)
+                return await fn(self.timeout if timeout is None else timeout, metadata)
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
-                    raise from_rpc_error(e) from None
+                    raise from_rpc_error(e, request_id) from None
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
         request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(config or ExperimentConfig()))
-        response = await self._call(lambda t: self._stub.CreateExperiment(request, timeout=t, metadata=self._metadata))
+        response = await self._call(lambda t, md: self._stub.CreateExperiment(request, timeout=t, metadata=md))
         return _convert.experiment_from_proto(response)
 
     async def get_experiment(self, name: str) -> Experiment:
         request = pb.GetExperimentRequest(name=name)
-        response = await self._call(lambda t: self._stub.GetExperiment(request, timeout=t, metadata=self._metadata))
+        response = await self._call(lambda t, md: self._stub.GetExperiment(request, timeout=t, metadata=md))
         return _convert.experiment_from_proto(response)
 
     async def list_experiments(self, page_size: int = 0) -> list[Experiment]:
@@ -78,7 +79,7 @@ class AsyncClient:
         while True:
             request = pb.ListExperimentsRequest(page_size=page_size, page_token=token)
             response = await self._call(
-                lambda t: self._stub.ListExperiments(request, timeout=t, metadata=self._metadata)
+                lambda t, md: self._stub.ListExperiments(request, timeout=t, metadata=md)
             )
             experiments.extend(_convert.experiment_from_proto(e) for e in response.experiments)
             token = response.next_page_token
@@ -87,7 +88,7 @@ class AsyncClient:
 
     async def delete_experiment(self, name: str) -> None:
         request = pb.DeleteExperimentRequest(name=name)
-        await self._call(lambda t: self._stub.DeleteExperiment(request, timeout=t, metadata=self._metadata))
+        await self._call(lambda t, md: self._stub.DeleteExperiment(request, timeout=t, metadata=md))
 
     async def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None = None) -> Experiment:
         """A new experiment with the source's tasks, posterior and step, and
@@ -95,7 +96,7 @@ class AsyncClient:
         request = pb.ForkExperimentRequest(source=source, name=name)
         if config is not None:
             request.config.CopyFrom(_convert.config_to_proto(config))
-        response = await self._call(lambda t: self._stub.ForkExperiment(request, timeout=t, metadata=self._metadata))
+        response = await self._call(lambda t, md: self._stub.ForkExperiment(request, timeout=t, metadata=md))
         return _convert.experiment_from_proto(response)
 
     async def restore_experiment(
@@ -105,14 +106,14 @@ class AsyncClient:
         possibly from another server): same tasks, posterior and step."""
         chunks = _calls.restore_chunks(name, snapshot, config, source)
         response = await self._call(
-            lambda t: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=self._metadata), self.bulk_timeout
+            lambda t, md: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
         )
         return _convert.experiment_from_proto(response)
 
     async def add_tasks(self, experiment: str, tasks: Iterable[Task]) -> int:
         chunks = _calls.task_chunks(experiment, tasks)
         response = await self._call(
-            lambda t: self._stub.AddTasks(iter(chunks), timeout=t, metadata=self._metadata), self.bulk_timeout
+            lambda t, md: self._stub.AddTasks(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
         )
         return int(response.num_tasks)
 
@@ -120,21 +121,21 @@ class AsyncClient:
         request = pb.SelectBatchRequest(
             experiment=experiment, batch_size=batch_size, request_key=_calls.request_key(request_key)
         )
-        response = await self._call(lambda t: self._stub.SelectBatch(request, timeout=t, metadata=self._metadata))
+        response = await self._call(lambda t, md: self._stub.SelectBatch(request, timeout=t, metadata=md))
         return _convert.batch_from_proto(response)
 
     async def report_outcomes(
         self, experiment: str, batch_id: str, outcomes: Mapping[str, _calls.OutcomeValue]
     ) -> ReportResult:
         request = _calls.report_request(experiment, batch_id, outcomes)
-        response = await self._call(lambda t: self._stub.ReportOutcomes(request, timeout=t, metadata=self._metadata))
+        response = await self._call(lambda t, md: self._stub.ReportOutcomes(request, timeout=t, metadata=md))
         return _convert.report_from_proto(response)
 
     async def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
         request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
 
-        async def fetch(t: float) -> Snapshot:
-            chunks = [c async for c in self._stub.Snapshot(request, timeout=t, metadata=self._metadata)]
+        async def fetch(t: float, md: tuple[tuple[str, str], ...]) -> Snapshot:
+            chunks = [c async for c in self._stub.Snapshot(request, timeout=t, metadata=md)]
             return _calls.snapshot_from_chunks(chunks, include_features)
 
         return await self._call(fetch, self.bulk_timeout)

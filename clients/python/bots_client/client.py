@@ -57,25 +57,27 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, fn: Callable[[float], T], timeout: float | None = None) -> T:
+    def _call(self, fn: Callable[[float, _calls.Metadata], T], timeout: float | None = None) -> T:
+        """fn(timeout, metadata), retried on UNAVAILABLE; one request id for all attempts."""
+        request_id, metadata = _calls.with_request_id(self._metadata)
         deadline = time.monotonic() + self.retry_timeout
         for delay in _calls.backoff():
             try:
-                return fn(self.timeout if timeout is None else timeout)
+                return fn(self.timeout if timeout is None else timeout, metadata)
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
-                    raise from_rpc_error(e) from None
+                    raise from_rpc_error(e, request_id) from None
             time.sleep(delay)
         raise AssertionError("unreachable")
 
     def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
         request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(config or ExperimentConfig()))
-        response = self._call(lambda t: self._stub.CreateExperiment(request, timeout=t, metadata=self._metadata))
+        response = self._call(lambda t, md: self._stub.CreateExperiment(request, timeout=t, metadata=md))
         return _convert.experiment_from_proto(response)
 
     def get_experiment(self, name: str) -> Experiment:
         request = pb.GetExperimentRequest(name=name)
-        response = self._call(lambda t: self._stub.GetExperiment(request, timeout=t, metadata=self._metadata))
+        response = self._call(lambda t, md: self._stub.GetExperiment(request, timeout=t, metadata=md))
         return _convert.experiment_from_proto(response)
 
     def list_experiments(self, page_size: int = 0) -> list[Experiment]:
@@ -84,7 +86,7 @@ class Client:
         token = ""
         while True:
             request = pb.ListExperimentsRequest(page_size=page_size, page_token=token)
-            response = self._call(lambda t: self._stub.ListExperiments(request, timeout=t, metadata=self._metadata))
+            response = self._call(lambda t, md: self._stub.ListExperiments(request, timeout=t, metadata=md))
             experiments.extend(_convert.experiment_from_proto(e) for e in response.experiments)
             token = response.next_page_token
             if not token:
@@ -92,7 +94,7 @@ class Client:
 
     def delete_experiment(self, name: str) -> None:
         request = pb.DeleteExperimentRequest(name=name)
-        self._call(lambda t: self._stub.DeleteExperiment(request, timeout=t, metadata=self._metadata))
+        self._call(lambda t, md: self._stub.DeleteExperiment(request, timeout=t, metadata=md))
 
     def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None = None) -> Experiment:
         """A new experiment with the source's tasks, posterior and step, and
@@ -100,7 +102,7 @@ class Client:
         request = pb.ForkExperimentRequest(source=source, name=name)
         if config is not None:
             request.config.CopyFrom(_convert.config_to_proto(config))
-        response = self._call(lambda t: self._stub.ForkExperiment(request, timeout=t, metadata=self._metadata))
+        response = self._call(lambda t, md: self._stub.ForkExperiment(request, timeout=t, metadata=md))
         return _convert.experiment_from_proto(response)
 
     def restore_experiment(
@@ -110,7 +112,7 @@ class Client:
         possibly from another server): same tasks, posterior and step."""
         chunks = _calls.restore_chunks(name, snapshot, config, source)
         response = self._call(
-            lambda t: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=self._metadata), self.bulk_timeout
+            lambda t, md: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
         )
         return _convert.experiment_from_proto(response)
 
@@ -119,7 +121,7 @@ class Client:
         Returns the number of tasks in the experiment afterwards."""
         chunks = _calls.task_chunks(experiment, tasks)
         response = self._call(
-            lambda t: self._stub.AddTasks(iter(chunks), timeout=t, metadata=self._metadata), self.bulk_timeout
+            lambda t, md: self._stub.AddTasks(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
         )
         return int(response.num_tasks)
 
@@ -129,7 +131,7 @@ class Client:
         request = pb.SelectBatchRequest(
             experiment=experiment, batch_size=batch_size, request_key=_calls.request_key(request_key)
         )
-        response = self._call(lambda t: self._stub.SelectBatch(request, timeout=t, metadata=self._metadata))
+        response = self._call(lambda t, md: self._stub.SelectBatch(request, timeout=t, metadata=md))
         return _convert.batch_from_proto(response)
 
     def report_outcomes(
@@ -137,7 +139,7 @@ class Client:
     ) -> ReportResult:
         """Report key -> (successes, trials) for tasks of a batch; applied once."""
         request = _calls.report_request(experiment, batch_id, outcomes)
-        response = self._call(lambda t: self._stub.ReportOutcomes(request, timeout=t, metadata=self._metadata))
+        response = self._call(lambda t, md: self._stub.ReportOutcomes(request, timeout=t, metadata=md))
         return _convert.report_from_proto(response)
 
     def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
@@ -145,8 +147,8 @@ class Client:
         with include_features, the tasks' features too (needed to restore)."""
         request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
         return self._call(
-            lambda t: _calls.snapshot_from_chunks(
-                self._stub.Snapshot(request, timeout=t, metadata=self._metadata), include_features
+            lambda t, md: _calls.snapshot_from_chunks(
+                self._stub.Snapshot(request, timeout=t, metadata=md), include_features
             ),
             self.bulk_timeout,
         )

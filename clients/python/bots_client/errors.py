@@ -7,11 +7,15 @@ import grpc
 
 
 class BotsError(Exception):
+    """`request_id`: the x-request-id the call carried; the server's log lines
+    for the call carry it too."""
+
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, request_id: str = "") -> None:
         super().__init__(message)
         self.message = message
+        self.request_id = request_id
         if code is not None:
             self.code = code
 
@@ -73,8 +77,8 @@ _BY_CODE = {
 }
 
 
-def from_rpc_error(error: grpc.RpcError) -> BotsError:
+def from_rpc_error(error: grpc.RpcError, request_id: str = "") -> BotsError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
     cls = _BY_CODE.get(code, BotsError)
-    return cls(details or code.name, code)
+    return cls(details or code.name, code, request_id)
