@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -410,3 +410,18 @@ def _unique_index(keys: Sequence[str]) -> dict[str, int]:
             "key the rows by a unique id column"
         )
     return index
+
+
+_LAZY_CLASSES: dict[tuple[str, str], type] = {}
+
+
+def lazy_class(module: str, name: str, implementation: type, base: Callable[[], type]) -> type:
+    """`implementation` on a framework base class that is imported only on
+    first use, so importing an integration module needs no framework. The
+    class is cached and named `module.name`, so instances pickle."""
+    key = (module, name)
+    if key not in _LAZY_CLASSES:
+        cls = type(name, (implementation, base()), {"__doc__": implementation.__doc__, "__module__": module})
+        cls.__qualname__ = name
+        _LAZY_CLASSES[key] = cls
+    return _LAZY_CLASSES[key]

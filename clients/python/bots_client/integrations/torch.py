@@ -29,7 +29,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, SelectedBatch, aggregate_outcomes, merge_outcomes
+from bots_client.integrations._core import Curriculum, SelectedBatch, aggregate_outcomes, lazy_class, merge_outcomes
 from bots_client.types import ExperimentConfig, ReportResult
 
 if TYPE_CHECKING:
@@ -225,23 +225,18 @@ def _is_index(value: Any) -> bool:
     return getattr(value, "ndim", None) == 0 and dtype is not None and "int" in str(dtype)
 
 
-_CLASSES: dict[str, type] = {}
+_IMPLEMENTATIONS = {"BotsSampler": _BotsSampler, "BotsBatchSampler": _BotsBatchSampler}
 
 
-def _build(name: str) -> type:
-    if name not in _CLASSES:
-        from torch.utils.data import Sampler
+def _sampler_base() -> type:
+    from torch.utils.data import Sampler
 
-        for public, impl in (("BotsSampler", _BotsSampler), ("BotsBatchSampler", _BotsBatchSampler)):
-            cls = type(public, (impl, Sampler), {"__doc__": impl.__doc__, "__module__": __name__})
-            cls.__qualname__ = public
-            _CLASSES[public] = cls
-    return _CLASSES[name]
+    return Sampler
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("BotsSampler", "BotsBatchSampler"):
-        return _build(name)
+    if name in _IMPLEMENTATIONS:
+        return lazy_class(__name__, name, _IMPLEMENTATIONS[name], _sampler_base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, aggregate_outcomes
+from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class
 from bots_client.integrations.torch import all_gather_outcomes
 from bots_client.types import ExperimentConfig, ReportResult
 
@@ -170,7 +170,7 @@ class BotsGRPO:
         args = trainer.args
         prompts = args.generation_batch_size // trainer.num_generations
         self.curriculum.batch_size = prompts
-        self.sampler = _build()(
+        self.sampler = lazy_class(__name__, "BotsRepeatSampler", _RepeatSampler, _sampler_base)(
             self.curriculum,
             mini_repeat_count=trainer.num_generations,
             batch_size=prompts,
@@ -232,25 +232,15 @@ class BotsGRPO:
         return wrapped
 
 
-_CLASS: type | None = None
+def _sampler_base() -> type:
+    from torch.utils.data import Sampler
 
-
-def _build() -> type:
-    global _CLASS
-    if _CLASS is None:
-        from torch.utils.data import Sampler
-
-        cls = type(
-            "BotsRepeatSampler", (_RepeatSampler, Sampler), {"__doc__": _RepeatSampler.__doc__, "__module__": __name__}
-        )
-        cls.__qualname__ = "BotsRepeatSampler"
-        _CLASS = cls
-    return _CLASS
+    return Sampler
 
 
 def __getattr__(name: str) -> Any:
     if name == "BotsRepeatSampler":
-        return _build()
+        return lazy_class(__name__, name, _RepeatSampler, _sampler_base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -39,7 +39,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, aggregate_outcomes
+from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class
 from bots_client.integrations.torch import _BotsSampler
 from bots_client.types import ExperimentConfig, ReportResult
 
@@ -229,29 +229,19 @@ def _get(config: Any, name: str) -> Any:
     return getattr(config, name, None)
 
 
-_CLASS: type | None = None
+def _sampler_base() -> type:
+    try:
+        from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+    except ImportError:  # verl absent (or >= 0.8): same contract on torch's base
+        from torch.utils.data import Sampler
 
-
-def _build() -> type:
-    global _CLASS
-    if _CLASS is None:
-        try:
-            from verl.experimental.dataset.sampler import AbstractCurriculumSampler as base
-        except ImportError:  # verl absent (or >= 0.8): same contract on torch's base
-            from torch.utils.data import Sampler as base
-        cls = type(
-            "BotsCurriculumSampler",
-            (_CurriculumSampler, base),
-            {"__doc__": _CurriculumSampler.__doc__, "__module__": __name__},
-        )
-        cls.__qualname__ = "BotsCurriculumSampler"
-        _CLASS = cls
-    return _CLASS
+        return Sampler
+    return AbstractCurriculumSampler
 
 
 def __getattr__(name: str) -> Any:
     if name == "BotsCurriculumSampler":
-        return _build()
+        return lazy_class(__name__, name, _CurriculumSampler, _sampler_base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
