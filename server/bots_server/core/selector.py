@@ -344,9 +344,8 @@ class SelectorService:
                 except StaleStep:
                     await self._catch_up(live)
                     continue
-                except BatchAlreadyReported:
-                    await self._catch_up(live)
-                    batch = await self._run(self.store.find_batch, live.id, batch_id=batch_id)
+                except BatchAlreadyReported:  # another replica applied it meanwhile
+                    batch = (await self._catch_up(live, Lookup(batch_id=batch_id))).batch
                     assert batch is not None
                     return await self._repeated_report(live, batch, task_idx, successes, trials)
                 live.state, live.step = result.state, event.step
