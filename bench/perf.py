@@ -1089,7 +1089,7 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
     if result.get("history"):
         lines += [
             "",
-            "Lease query as the batch history grows (median ms; the store runs it twice per select):",
+            "Lease query as the batch history grows (median ms; the store runs it twice per select: in the read, and again under the row lock):",
             "",
             "| backend | reported batches | batch_tasks rows | Store.leased_tasks | same query as IN (subquery) | Store.find_batch |",
             "|---|---|---|---|---|---|",

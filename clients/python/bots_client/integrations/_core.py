@@ -415,6 +415,13 @@ def _unique_index(keys: Sequence[str]) -> dict[str, int]:
 _LAZY_CLASSES: dict[tuple[str, str], type] = {}
 
 
+def torch_sampler() -> type:
+    """torch.utils.data.Sampler, imported on first use."""
+    from torch.utils.data import Sampler
+
+    return Sampler
+
+
 def lazy_class(module: str, name: str, implementation: type, base: Callable[[], type]) -> type:
     """`implementation` on a framework base class that is imported only on
     first use, so importing an integration module needs no framework. The

@@ -29,7 +29,14 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, SelectedBatch, aggregate_outcomes, lazy_class, merge_outcomes
+from bots_client.integrations._core import (
+    Curriculum,
+    SelectedBatch,
+    aggregate_outcomes,
+    lazy_class,
+    merge_outcomes,
+    torch_sampler,
+)
 from bots_client.types import ExperimentConfig, ReportResult
 
 if TYPE_CHECKING:
@@ -228,15 +235,9 @@ def _is_index(value: Any) -> bool:
 _IMPLEMENTATIONS = {"BotsSampler": _BotsSampler, "BotsBatchSampler": _BotsBatchSampler}
 
 
-def _sampler_base() -> type:
-    from torch.utils.data import Sampler
-
-    return Sampler
-
-
 def __getattr__(name: str) -> Any:
     if name in _IMPLEMENTATIONS:
-        return lazy_class(__name__, name, _IMPLEMENTATIONS[name], _sampler_base)
+        return lazy_class(__name__, name, _IMPLEMENTATIONS[name], torch_sampler)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class
+from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class, torch_sampler
 from bots_client.integrations.torch import all_gather_outcomes
 from bots_client.types import ExperimentConfig, ReportResult
 
@@ -170,7 +170,7 @@ class BotsGRPO:
         args = trainer.args
         prompts = args.generation_batch_size // trainer.num_generations
         self.curriculum.batch_size = prompts
-        self.sampler = lazy_class(__name__, "BotsRepeatSampler", _RepeatSampler, _sampler_base)(
+        self.sampler = lazy_class(__name__, "BotsRepeatSampler", _RepeatSampler, torch_sampler)(
             self.curriculum,
             mini_repeat_count=trainer.num_generations,
             batch_size=prompts,
@@ -232,15 +232,9 @@ class BotsGRPO:
         return wrapped
 
 
-def _sampler_base() -> type:
-    from torch.utils.data import Sampler
-
-    return Sampler
-
-
 def __getattr__(name: str) -> Any:
     if name == "BotsRepeatSampler":
-        return lazy_class(__name__, name, _RepeatSampler, _sampler_base)
+        return lazy_class(__name__, name, _RepeatSampler, torch_sampler)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

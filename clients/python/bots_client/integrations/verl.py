@@ -39,7 +39,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class
+from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class, torch_sampler
 from bots_client.integrations.torch import _BotsSampler
 from bots_client.types import ExperimentConfig, ReportResult
 
@@ -233,9 +233,7 @@ def _sampler_base() -> type:
     try:
         from verl.experimental.dataset.sampler import AbstractCurriculumSampler
     except ImportError:  # verl absent (or >= 0.8): same contract on torch's base
-        from torch.utils.data import Sampler
-
-        return Sampler
+        return torch_sampler()
     return AbstractCurriculumSampler
 
 
