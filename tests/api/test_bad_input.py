@@ -13,8 +13,8 @@ import pytest
 
 import bots_client
 from bots_client import ExperimentConfig, Task
-from bots_client._proto import bots_pb2 as pb
-from bots_client._proto import bots_pb2_grpc as pb_grpc
+from bots_client.proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2_grpc as pb_grpc
 from tests.support.servers import ServerProcess
 
 Code = grpc.StatusCode

@@ -259,7 +259,7 @@ def test_same_state_and_key_give_the_same_batch_on_a_twin_experiment(client: bot
 
 def test_config_dataclass_matches_proto_defaults() -> None:
     from bots_client import _convert
-    from bots_client._proto import bots_pb2
+    from bots_client.proto import bots_pb2
 
     assert _convert.config_from_proto(bots_pb2.ExperimentConfig()) == ExperimentConfig()
     every_field = dataclasses.replace(ExperimentConfig(), strategy="uniform", seed=5, weak_feature="w", strong_feature="s")

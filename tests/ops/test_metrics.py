@@ -83,7 +83,7 @@ def test_every_method_has_series_before_its_first_call(metrics_server: MetricsSe
     # rate() over a series that appears with the first error misses that
     # error; go-grpc-prometheus pre-creates them, and so does the server.
     samples = metrics_server.samples()
-    from bots_client._proto import bots_pb2
+    from bots_client.proto import bots_pb2
 
     for method in bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"].methods:
         for code in ("OK", "Unavailable", "Internal"):

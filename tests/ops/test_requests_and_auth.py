@@ -15,8 +15,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import bots_client
 from bots_client import ExperimentConfig, Task
-from bots_client._proto import bots_pb2 as pb
-from bots_client._proto import bots_pb2_grpc as pb_grpc
+from bots_client.proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2_grpc as pb_grpc
 from tests.ops.support import MetricsServer, eventually, value
 
 

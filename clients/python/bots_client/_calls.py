@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import numpy as np
 
 from bots_client import _convert
-from bots_client._proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2 as pb
 from bots_client.types import ExperimentConfig, Snapshot, Task
 
 # Each AddTasks message stays far below gRPC's 4 MB default limit.

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from google.protobuf import timestamp_pb2
 
-from bots_client._proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2 as pb
 from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Task
 
 _DEFAULTS = ExperimentConfig()

@@ -10,8 +10,8 @@ from typing import TypeVar
 import grpc
 
 from bots_client import _calls, _convert
-from bots_client._proto import bots_pb2 as pb
-from bots_client._proto import bots_pb2_grpc as pb_grpc
+from bots_client.proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_client.errors import from_rpc_error
 from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
 

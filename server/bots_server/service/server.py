@@ -21,7 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 import bots_server
-from bots_client._proto import bots_pb2, bots_pb2_grpc
+from bots_client.proto import bots_pb2, bots_pb2_grpc
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.errors import Unavailable
 from bots_server.metrics import Metrics

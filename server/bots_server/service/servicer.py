@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import grpc
 
 from bots_client import _convert
-from bots_client._proto import bots_pb2 as pb
-from bots_client._proto import bots_pb2_grpc as pb_grpc
+from bots_client.proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_client.types import ExperimentConfig, Outcome
 from bots_server.core.selector import RestoreData, SelectorService, SnapshotData
 from bots_server.errors import InvalidArgument

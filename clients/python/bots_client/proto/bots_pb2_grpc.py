@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from bots_client._proto import bots_pb2 as bots_dot_v1_dot_bots__pb2
+from bots_client.proto import bots_pb2 as bots_dot_v1_dot_bots__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
