@@ -100,6 +100,22 @@ def experiment_config() -> Any:
     )
 
 
+def server_config() -> Any:
+    """experiment_config() as the server's own type, for the in-process service."""
+    import dataclasses
+
+    from bots_server.core.domain import ExperimentConfig
+
+    return ExperimentConfig(**dataclasses.asdict(experiment_config()))
+
+
+def server_tasks(n: int) -> list[Any]:
+    """make_tasks(n) as the server's own type, for the in-process service."""
+    from bots_server.core.domain import Task
+
+    return [Task(t.key, t.features) for t in make_tasks(n)]
+
+
 def reference_rates(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     weak = rng.beta(0.7, 1.3, size=n)
@@ -126,10 +142,10 @@ def log(message: str) -> None:
 
 def engine_baseline(n: int, batch: int, steps: int) -> dict[str, Any]:
     """select(B) + apply_outcomes on n tasks, as the server runs them, in this process."""
-    from bots_server.core.validation import engine_params
+    from bots_server.engine import EngineParams
     from bots_server.engine import PosteriorState, apply_outcomes, select, step_rng
 
-    params = engine_params(experiment_config())
+    params = EngineParams.of(experiment_config())
     weak, strong = reference_rates(n)
     state = PosteriorState.from_prior(params, weak, strong)
     rng = np.random.default_rng(1)
@@ -529,8 +545,8 @@ def breakdown_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
 
 
 async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
-    import bots_server.core.selector as selector_module
-    from bots_client.types import Outcome
+    import bots_server.core.batches as batches_module
+    from bots_server.core.domain import Outcome
     from bots_server.core.selector import SelectorService
     from bots_server.store import Store
 
@@ -541,20 +557,20 @@ async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     rec.listen(store.engine)
     for attr in ("find_batch", "leased_tasks", "insert_batch", "commit_report", "load", "find_experiment"):
         rec.wrap(store, attr)
-    original_choose = SelectorService.__dict__["_choose"]
-    rec.wrap(SelectorService, "_choose", "engine select (_choose)", static=True)
-    original_apply = selector_module.apply_outcomes
-    rec.wrap(selector_module, "apply_outcomes", "engine update (apply_outcomes)")
+    original_choose = batches_module._choose
+    rec.wrap(batches_module, "_choose", "engine select (_choose)")
+    original_apply = batches_module.apply_outcomes
+    rec.wrap(batches_module, "apply_outcomes", "engine update (apply_outcomes)")
     service = SelectorService(store)
     try:
-        await service.create_experiment("breakdown", experiment_config())
-        await service.add_tasks("breakdown", make_tasks(n))
+        await service.experiments.create("breakdown", server_config())
+        await service.pool.add_tasks("breakdown", server_tasks(n))
         rng = np.random.default_rng(3)
         totals: dict[str, list[float]] = {"select": [], "report": []}
         for i in range(steps + 3):
             rec.phase = "select" if i >= 3 else "warm-up"
             t0 = time.perf_counter()
-            batch = await service.select_batch("breakdown", cfg.batch_size, f"bd-{i}")
+            batch = await service.batches.select("breakdown", cfg.batch_size, f"bd-{i}")
             t1 = time.perf_counter()
             outcomes = [
                 Outcome(k, float(s), ROLLOUTS)
@@ -562,15 +578,15 @@ async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
             ]
             rec.phase = "report" if i >= 3 else "warm-up"
             t2 = time.perf_counter()
-            await service.report_outcomes("breakdown", batch.batch_id, outcomes)
+            await service.batches.report("breakdown", batch.batch_id, outcomes)
             t3 = time.perf_counter()
             if i >= 3:
                 totals["select"].append(t1 - t0)
                 totals["report"].append(t3 - t2)
         rec.phase = "done"
     finally:
-        selector_module.apply_outcomes = original_apply
-        SelectorService._choose = original_choose
+        batches_module.apply_outcomes = original_apply
+        batches_module._choose = original_choose
         await service.close()
         store.close()
     result: dict[str, Any] = {"backend": backend, "pool": n, "steps": steps}
@@ -843,17 +859,17 @@ def _nullcontext() -> Iterator[None]:
 
 
 async def _contention_run(url: str, k: int, cfg: PerfConfig, seconds: float, waits: list[float]) -> list[float]:
-    from bots_client.types import Outcome
+    from bots_server.core.domain import Outcome
     from bots_server.core.selector import SelectorService
     from bots_server.store import Store
 
     store = Store(url)
     store.migrate()
     service = SelectorService(store)
-    tasks = make_tasks(cfg.throughput_pool)
+    tasks = server_tasks(cfg.throughput_pool)
     for i in range(k):
-        await service.create_experiment(f"c{i}", experiment_config())
-        await service.add_tasks(f"c{i}", tasks)
+        await service.experiments.create(f"c{i}", server_config())
+        await service.pool.add_tasks(f"c{i}", tasks)
     cycles: list[float] = []
     measuring = False
     stop = False
@@ -862,12 +878,12 @@ async def _contention_run(url: str, k: int, cfg: PerfConfig, seconds: float, wai
         rng = np.random.default_rng(i)
         while not stop:
             started = time.perf_counter()
-            batch = await service.select_batch(f"c{i}", cfg.batch_size, "")
+            batch = await service.batches.select(f"c{i}", cfg.batch_size, "")
             outcomes = [
                 Outcome(key, float(s), ROLLOUTS)
                 for key, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
             ]
-            await service.report_outcomes(f"c{i}", batch.batch_id, outcomes)
+            await service.batches.report(f"c{i}", batch.batch_id, outcomes)
             if measuring:
                 cycles.append(time.perf_counter() - started)
 
@@ -893,13 +909,12 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
     import tracemalloc
 
     from bots_server.core.experiment import LiveExperiment
-    from bots_server.core.validation import engine_params
     from bots_server.store import Store
 
     store = Store(url)
     store.migrate()
     now = dt.datetime.now(dt.UTC)
-    row = store.create_experiment("rebuild", experiment_config(), now)
+    row = store.create_experiment("rebuild", server_config(), now)
     weak, strong = reference_rates(n)
     store.add_tasks(
         row.id,
@@ -908,13 +923,12 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
         [{"weak": w, "strong": s} for w, s in zip(weak.tolist(), strong.tolist(), strict=True)],
     )
     store.write_checkpoint(row.id, 1, None, [1.0] * n, [1.0] * n, now)
-    params = engine_params(experiment_config())
     gc.collect()
     try:
         t0 = time.perf_counter()
         rows = store.load(row.id)
         t1 = time.perf_counter()
-        live = LiveExperiment.rebuild(rows, params)
+        live = LiveExperiment.rebuild(rows)
         t2 = time.perf_counter()
         assert live.num_tasks == n
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
@@ -930,7 +944,7 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
         gc.collect()
         tracemalloc.start()
         rows = store.load(row.id)
-        live = LiveExperiment.rebuild(rows, params)
+        live = LiveExperiment.rebuild(rows)
         with_rows, peak = tracemalloc.get_traced_memory()
         del rows
         gc.collect()

@@ -173,11 +173,11 @@ class LocalSelector:
     batches and posteriors as RemoteSelector, without a server."""
 
     def __init__(self, config: Any, pool: np.ndarray, weak: np.ndarray, strong: np.ndarray):
-        from bots_server.core.validation import engine_params
+        from bots_server.engine import EngineParams
         from bots_server.engine import PosteriorState
 
         self.config, self.pool = config, pool
-        self.params = engine_params(config)
+        self.params = EngineParams.of(config)
         self.position = {int(i): j for j, i in enumerate(pool)}
         self.state = PosteriorState.from_prior(
             self.params, weak[pool].astype(np.float64), strong[pool].astype(np.float64)

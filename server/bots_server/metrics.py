@@ -20,19 +20,15 @@ import logging
 import platform
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from wsgiref.simple_server import WSGIServer
 
-import grpc
-import numpy as np
 import prometheus_client
-from google.protobuf.descriptor import ServiceDescriptor
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from bots_server.core.observer import SelectorObserver
-from bots_server.engine import PosteriorState
+from bots_server.core.observer import SPREAD_HIGH, SPREAD_LOW, BatchSignals, PosteriorView, SelectorObserver
 
 log = logging.getLogger(__name__)
 
@@ -47,48 +43,9 @@ RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 CHECKPOINT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-# grpc-go's code names (codes.Code.String()), so dashboards and alerts written
-# for Go services work unchanged; note "Canceled" with one "l".
-GO_CODE_NAMES: dict[grpc.StatusCode, str] = {
-    grpc.StatusCode.OK: "OK",
-    grpc.StatusCode.CANCELLED: "Canceled",
-    grpc.StatusCode.UNKNOWN: "Unknown",
-    grpc.StatusCode.INVALID_ARGUMENT: "InvalidArgument",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "DeadlineExceeded",
-    grpc.StatusCode.NOT_FOUND: "NotFound",
-    grpc.StatusCode.ALREADY_EXISTS: "AlreadyExists",
-    grpc.StatusCode.PERMISSION_DENIED: "PermissionDenied",
-    grpc.StatusCode.RESOURCE_EXHAUSTED: "ResourceExhausted",
-    grpc.StatusCode.FAILED_PRECONDITION: "FailedPrecondition",
-    grpc.StatusCode.ABORTED: "Aborted",
-    grpc.StatusCode.OUT_OF_RANGE: "OutOfRange",
-    grpc.StatusCode.UNIMPLEMENTED: "Unimplemented",
-    grpc.StatusCode.INTERNAL: "Internal",
-    grpc.StatusCode.UNAVAILABLE: "Unavailable",
-    grpc.StatusCode.DATA_LOSS: "DataLoss",
-    grpc.StatusCode.UNAUTHENTICATED: "Unauthenticated",
-}
-
 # The kinds bots_server.store reports; pre-created at zero so rate() and
 # alerts see a series before the first error.
 DATABASE_ERROR_KINDS = ("unavailable", "timeout", "connection_lost", "integrity", "other")
-
-# Posterior means below LOW are tasks the model (almost) never solves, above
-# HIGH ones it (almost) always solves: neither gives a GRPO gradient.
-SPREAD_LOW, SPREAD_HIGH = 0.1, 0.9
-
-
-def grpc_type(request_streaming: bool, response_streaming: bool) -> str:
-    if request_streaming:
-        return "bidi_stream" if response_streaming else "client_stream"
-    return "server_stream" if response_streaming else "unary"
-
-
-def split_method(full_method: str) -> tuple[str, str]:
-    """'/pkg.Service/Method' -> ('pkg.Service', 'Method')."""
-    service, _, method = full_method.lstrip("/").rpartition("/")
-    return service or "unknown", method or "unknown"
-
 
 class RpcMetrics:
     """The go-grpc-prometheus server metrics, with the handling-time histogram on."""
@@ -124,17 +81,17 @@ class RpcMetrics:
             registry=registry,
         )
 
-    def initialize(self, service: ServiceDescriptor) -> None:
+    def initialize(self, methods: Iterable[tuple[str, str, str]], codes: Iterable[str]) -> None:
         """Create every method's series at zero, as go-grpc-prometheus'
         InitializeMetrics does: a rate() over a series that appears only with
-        the first error misses that error."""
-        for method in service.methods:
-            labels = (grpc_type(method.client_streaming, method.server_streaming), service.full_name, method.name)
+        the first error misses that error. `methods`: (type, service, method)."""
+        codes = tuple(codes)
+        for labels in methods:
             self.started.labels(*labels)
             self.msg_received.labels(*labels)
             self.msg_sent.labels(*labels)
             self.handling_seconds.labels(*labels)
-            for code in GO_CODE_NAMES.values():
+            for code in codes:
                 self.handled.labels(*labels, code)
 
 
@@ -142,7 +99,7 @@ class RpcMetrics:
 class _ExperimentView:
     """What the scrape-time collector needs of one experiment."""
 
-    state: PosteriorState | None = None
+    posterior: PosteriorView | None = None
     step: int = -1
     checkpoint_step: int = -1
     # Monotonic time of the first step not yet in a checkpoint; None: current.
@@ -251,38 +208,30 @@ class ExperimentMetrics(SelectorObserver, Collector):
         self.tasks_selected.labels(experiment).inc(batch_size)
         self.leased_tasks.labels(experiment).set(leased_tasks)
 
-    def report_applied(
-        self, experiment: str, step: int, successes: Sequence[float], trials: Sequence[int], state: PosteriorState
-    ) -> None:
+    def report_applied(self, experiment: str, signals: BatchSignals, posterior: PosteriorView) -> None:
         if self._gone(experiment):
             return
-        s = np.asarray(successes, dtype=np.float64)
-        n = np.asarray(trials, dtype=np.float64)
-        informative = int(np.count_nonzero((s > 0) & (s < n)))
-        total_trials = float(n.sum())
         self.steps.labels(experiment).inc()
-        self.tasks_reported.labels(experiment).inc(len(n))
-        self.tasks_informative.labels(experiment).inc(informative)
-        self.rollouts.labels(experiment).inc(total_trials)
-        self.successes.labels(experiment).inc(float(s.sum()))
-        if total_trials > 0:
-            self.batch_success_rate.labels(experiment).set(float(s.sum()) / total_trials)
-        if len(n):
-            self.batch_informative.labels(experiment).set(informative / len(n))
+        self.tasks_reported.labels(experiment).inc(signals.tasks)
+        self.tasks_informative.labels(experiment).inc(signals.informative)
+        self.rollouts.labels(experiment).inc(signals.trials)
+        self.successes.labels(experiment).inc(signals.successes)
+        if signals.success_rate is not None:
+            self.batch_success_rate.labels(experiment).set(signals.success_rate)
+        if signals.informative_fraction is not None:
+            self.batch_informative.labels(experiment).set(signals.informative_fraction)
         leased = self.leased_tasks.labels(experiment)
-        leased.set(max(0.0, _value(leased) - len(n)))
+        leased.set(max(0.0, _value(leased) - signals.tasks))
         with self._lock:
             view = self._views.setdefault(experiment, _ExperimentView())
             # Hooks of consecutive steps may run out of order on different
             # worker threads; keep the newest state.
-            if step <= view.step:
+            if posterior.step <= view.step:
                 return
-            view.step, view.state = step, state
-            if view.dirty_since is None and step > view.checkpoint_step:
+            view.step, view.posterior = posterior.step, posterior
+            if view.dirty_since is None and posterior.step > view.checkpoint_step:
                 view.dirty_since = time.monotonic()
-        self.step.labels(experiment).set(step)
-        self.tasks.labels(experiment).set(state.alpha.shape[0])
-        self.capability.labels(experiment).set(state.capability)
+        self._set_posterior(experiment, posterior)
 
     def checkpoint_written(self, experiment: str, step: int, seconds: float) -> None:
         self.checkpoint_seconds.observe(seconds)
@@ -296,18 +245,22 @@ class ExperimentMetrics(SelectorObserver, Collector):
             if view.step <= view.checkpoint_step:
                 view.dirty_since = None
 
-    def experiment_loaded(self, experiment: str, step: int, state: PosteriorState, seconds: float) -> None:
+    def experiment_loaded(self, experiment: str, posterior: PosteriorView, seconds: float) -> None:
         self.load_seconds.observe(seconds)
-        self.tasks.labels(experiment).set(state.alpha.shape[0])
-        self.step.labels(experiment).set(step)
-        self.capability.labels(experiment).set(state.capability)
+        self._set_posterior(experiment, posterior)
         with self._lock:
             self._removed.discard(experiment)
             view = self._views.get(experiment)
-            if view is None or view.step < step:
+            if view is None or view.step < posterior.step:
                 # The loaded state is durable (checkpoint + event log): count
                 # checkpoint age from here.
-                self._views[experiment] = _ExperimentView(state=state, step=step, checkpoint_step=step)
+                step = posterior.step
+                self._views[experiment] = _ExperimentView(posterior=posterior, step=step, checkpoint_step=step)
+
+    def _set_posterior(self, experiment: str, posterior: PosteriorView) -> None:
+        self.step.labels(experiment).set(posterior.step)
+        self.tasks.labels(experiment).set(posterior.num_tasks)
+        self.capability.labels(experiment).set(posterior.capability)
 
     def tasks_added(self, experiment: str, num_tasks: int) -> None:
         if not self._gone(experiment):
@@ -352,19 +305,10 @@ class ExperimentMetrics(SelectorObserver, Collector):
         for name, view in views.items():
             age.add_metric((name,), 0.0 if view.dirty_since is None else now - view.dirty_since)
             behind.add_metric((name,), max(0, view.step - view.checkpoint_step))
-            if view.state is not None and view.state.alpha.shape[0] > 0:
-                for band, value in zip(("low", "mid", "high"), posterior_spread(view.state), strict=True):
+            if view.posterior is not None and view.posterior.num_tasks > 0:
+                for band, value in zip(("low", "mid", "high"), view.posterior.spread(), strict=True):
                     share.add_metric((name, band), value)
         return (share, age, behind, loaded)
-
-
-def posterior_spread(state: PosteriorState) -> tuple[float, float, float]:
-    """Shares of tasks with posterior mean < LOW, in between, > HIGH."""
-    mean = state.alpha / (state.alpha + state.beta)
-    n = mean.shape[0]
-    low = int(np.count_nonzero(mean < SPREAD_LOW)) / n
-    high = int(np.count_nonzero(mean > SPREAD_HIGH)) / n
-    return low, 1.0 - low - high, high
 
 
 def _value(gauge: Gauge) -> float:

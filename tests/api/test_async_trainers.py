@@ -9,7 +9,7 @@ import pytest
 
 import bots_client
 from bots_client import ExperimentConfig, Task
-from bots_server.core.validation import engine_params
+from bots_server.engine import EngineParams
 from bots_server.engine import PosteriorState, apply_outcomes
 from tests.support.servers import ServerProcess
 
@@ -32,7 +32,7 @@ def test_out_of_order_reports_apply_in_arrival_order(client: bots_client.Client)
     assert all(b.step == 0 for b in in_flight)
     assert len({k for b in in_flight for k in b.keys}) == 24  # four disjoint leases
 
-    params = engine_params(config)
+    params = EngineParams.of(config)
     state = PosteriorState.from_prior(params, weak, weak + 0.3)
     index = {f"t{i}": i for i in range(24)}
     for step, batch in enumerate([in_flight[2], in_flight[0], in_flight[3], in_flight[1]], start=1):

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from bots_server.engine import EngineParams, PosteriorState, Strategy, apply_outcomes
+from bots_server.engine import EngineParams, PosteriorState, apply_outcomes
 
 NAN = math.nan
 EPS = 1e-6  # denominator guard of c_hat, as in the reference code
@@ -64,7 +64,7 @@ def ref_update(
     new_alpha = [float(x) for x in alpha]
     new_beta = [float(x) for x in beta]
 
-    if params.strategy is Strategy.MOPPS:
+    if params.strategy == "mopps":
         for j, t in enumerate(tasks):
             k, nt = float(successes[j]), float(trials[j])
             new_alpha[t] = (1 - lam) * alpha[t] + lam * a0 + k
@@ -201,10 +201,10 @@ def test_bots_hand_case_matches_scalar_reference() -> None:
 
 
 def test_uniform_strategy_uses_bots_update() -> None:
-    """Strategy.UNIFORM only changes selection: its update is the BOTS one."""
+    """"uniform" only changes selection: its update is the BOTS one."""
     bots = apply_outcomes(EngineParams(), _case1(), CASE1_TASKS, CASE1_SUCC, CASE1_TRIALS)
     uniform = apply_outcomes(
-        EngineParams(strategy=Strategy.UNIFORM), _case1(), CASE1_TASKS, CASE1_SUCC, CASE1_TRIALS
+        EngineParams(strategy="uniform"), _case1(), CASE1_TASKS, CASE1_SUCC, CASE1_TRIALS
     )
     np.testing.assert_array_equal(uniform.state.alpha, bots.state.alpha)
     np.testing.assert_array_equal(uniform.state.beta, bots.state.beta)
@@ -450,7 +450,7 @@ def test_fractional_successes_bots() -> None:
 
 def test_fractional_successes_mopps() -> None:
     """MoPPS adds fractional raw counts: k and n - k."""
-    params = EngineParams(strategy=Strategy.MOPPS)
+    params = EngineParams(strategy="mopps")
     state = state_of((1, 1), (1, 1), (NAN, NAN), (NAN, NAN))
     result = apply_outcomes(params, state, ints(0), arr(2.5), arr(4))
     # 1 + 2.5, 1 + 1.5
@@ -465,7 +465,7 @@ def test_fractional_successes_mopps() -> None:
 
 def test_mopps_updates_only_reported_tasks_with_raw_counts() -> None:
     """MoPPS: reported tasks decay and add raw k / n-k; others and the capability are untouched."""
-    params = EngineParams(strategy=Strategy.MOPPS)
+    params = EngineParams(strategy="mopps")
     state = state_of((2, 3, 1, 4), (2, 1, 5, 4), (0.2, 0.4, 0.0, 0.5), (0.6, 0.8, 0.4, 0.9), capability=0.3)
     result = apply_outcomes(params, state, ints(1, 3), arr(3, 0), arr(8, 5))
     # task 1: 0.9*3 + 0.1 + 3 = 5.8 ; 0.9*1 + 0.1 + 5 = 6.0
@@ -481,7 +481,7 @@ def test_mopps_updates_only_reported_tasks_with_raw_counts() -> None:
 
 def test_mopps_does_not_estimate_capability() -> None:
     """MoPPS never starts a capability estimate, even when reported tasks have features."""
-    params = EngineParams(strategy=Strategy.MOPPS)
+    params = EngineParams(strategy="mopps")
     result = apply_outcomes(params, _case1(), CASE1_TASKS, CASE1_SUCC, CASE1_TRIALS)
     assert math.isnan(result.state.capability)
     assert math.isnan(result.capability_estimate)
@@ -525,7 +525,7 @@ def test_pool_size_equal_to_pool_is_full_update() -> None:
 
 def test_pool_size_with_mopps() -> None:
     """pool_size with MoPPS: reported prefix tasks update, the tail is unchanged."""
-    params = EngineParams(strategy=Strategy.MOPPS)
+    params = EngineParams(strategy="mopps")
     state = state_of((2, 3, 1, 4), (2, 1, 5, 4), (NAN,) * 4, (NAN,) * 4)
     result = apply_outcomes(params, state, ints(1), arr(2), arr(3), pool_size=2)
     # task 1: 0.9*3 + 0.1 + 2 = 4.8 ; 0.9*1 + 0.1 + 1 = 2.0
@@ -543,7 +543,7 @@ def test_random_chains_match_scalar_reference(seed: int) -> None:
     """Across random pools, parameters, missing features and pool sizes, several steps match the reference."""
     g = np.random.default_rng(1000 + seed)
     n = int(g.integers(3, 12))
-    strategy = [Strategy.BOTS, Strategy.UNIFORM, Strategy.MOPPS][seed % 3]
+    strategy = ["bots", "uniform", "mopps"][seed % 3]
     params = EngineParams(
         strategy=strategy,
         forgetting=float(g.choice([0.0, 0.1, 0.37, 1.0])),
@@ -588,9 +588,9 @@ def test_random_chains_match_scalar_reference(seed: int) -> None:
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("strategy", [Strategy.BOTS, Strategy.MOPPS])
+@pytest.mark.parametrize("strategy", ["bots", "mopps"])
 @pytest.mark.parametrize("pool_size", [None, 3])
-def test_apply_outcomes_does_not_mutate_inputs(strategy: Strategy, pool_size: int | None) -> None:
+def test_apply_outcomes_does_not_mutate_inputs(strategy: str, pool_size: int | None) -> None:
     """The input state and report arrays are left as they were; the result does not alias them."""
     state = _case1()
     originals = [x.copy() for x in (state.alpha, state.beta, state.weak, state.strong)]

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bots_server.engine import EngineParams, SelectionMode, Strategy, select, step_rng
+from bots_server.engine import EngineParams, select, step_rng
 
 N = 1000
 ALPHA = np.ones(N)
@@ -18,9 +18,9 @@ AVAILABLE = np.ones(N, dtype=bool)
 
 MODES = [
     EngineParams(),
-    EngineParams(selection_mode=SelectionMode.SOFTMAX, temperature=0.1),
-    EngineParams(strategy=Strategy.UNIFORM),
-    EngineParams(strategy=Strategy.MOPPS),
+    EngineParams(selection_mode="softmax", temperature=0.1),
+    EngineParams(strategy="uniform"),
+    EngineParams(strategy="mopps"),
 ]
 IDS = ["thompson", "softmax", "uniform", "mopps"]
 

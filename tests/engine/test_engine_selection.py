@@ -12,10 +12,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from bots_server.engine import EngineParams, SelectionMode, Strategy, select
+from bots_server.engine import EngineParams, select
 
-MEAN = EngineParams(selection_mode=SelectionMode.MEAN)
-THOMPSON = EngineParams(selection_mode=SelectionMode.THOMPSON)
+MEAN = EngineParams(selection_mode="mean")
+THOMPSON = EngineParams(selection_mode="thompson")
 
 # Hand-made posteriors, means and distance to p* = 0.5:
 #   task 0: Beta(1, 9)  mean 0.1   distance 0.4
@@ -62,21 +62,21 @@ def test_mean_mode_picks_closest_to_target_best_first() -> None:
 
 def test_mean_mode_respects_target() -> None:
     """The target success rate p* changes the ranking (p* = 0.9: 0.9, 0.6, 0.5, 0.45, ...)."""
-    params = EngineParams(selection_mode=SelectionMode.MEAN, target_success=0.9)
+    params = EngineParams(selection_mode="mean", target_success=0.9)
     # distances to 0.9: task 2: 0.0, task 3: 0.3, task 5: 0.4, task 1: 0.45, task 4: 0.6, task 0: 0.8
     assert select(params, ALPHA, BETA, ALL, 5, rng(0)).tolist() == [2, 3, 5, 1, 4]
 
 
 def test_mean_mode_same_for_mopps() -> None:
     """MoPPS selects with the same closeness score."""
-    params = EngineParams(strategy=Strategy.MOPPS, selection_mode=SelectionMode.MEAN)
+    params = EngineParams(strategy="mopps", selection_mode="mean")
     assert select(params, ALPHA, BETA, ALL, 3, rng(0)).tolist() == [5, 1, 3]
 
 
-@pytest.mark.parametrize("strategy", [Strategy.BOTS, Strategy.MOPPS])
-def test_thompson_with_concentrated_posteriors_equals_mean_ranking(strategy: Strategy) -> None:
+@pytest.mark.parametrize("strategy", ["bots", "mopps"])
+def test_thompson_with_concentrated_posteriors_equals_mean_ranking(strategy: str) -> None:
     """Thompson draws from very concentrated posteriors rank tasks like their means."""
-    params = EngineParams(strategy=strategy, selection_mode=SelectionMode.THOMPSON)
+    params = EngineParams(strategy=strategy, selection_mode="thompson")
     # means 0.1, 0.45, 0.9, 0.6, 0.3, 0.52, 0.75 -> distances .4 .05 .4 .1 .2 .02 .25 ; sd ~ 5e-4
     alpha, beta = concentrated([0.1, 0.45, 0.9, 0.6, 0.3, 0.52, 0.75])
     available = np.ones(7, dtype=bool)
@@ -104,11 +104,11 @@ def test_thompson_selection_probability_matches_hand_computation() -> None:
     [
         MEAN,
         THOMPSON,
-        EngineParams(selection_mode=SelectionMode.SOFTMAX, temperature=0.05),
+        EngineParams(selection_mode="softmax", temperature=0.05),
         # tiny tau: available scores / tau reach -4000, masked tasks must still lose
-        EngineParams(selection_mode=SelectionMode.SOFTMAX, temperature=1e-4),
-        EngineParams(strategy=Strategy.UNIFORM),
-        EngineParams(strategy=Strategy.MOPPS),
+        EngineParams(selection_mode="softmax", temperature=1e-4),
+        EngineParams(strategy="uniform"),
+        EngineParams(strategy="mopps"),
     ],
     ids=["mean", "thompson", "softmax", "softmax-cold", "uniform", "mopps"],
 )
@@ -122,13 +122,13 @@ def test_unavailable_tasks_never_selected(params: EngineParams) -> None:
         assert_valid(result, available, 3)
         seen.update(result.tolist())
     assert seen <= {0, 2, 3, 4}
-    if params.selection_mode is SelectionMode.MEAN and params.strategy is Strategy.BOTS:
+    if params.selection_mode == "mean" and params.strategy == "bots":
         # next best after 5 and 1: 3, 4, then one of the tied 0 / 2
         assert select(params, ALPHA, BETA, available, 2, g).tolist() == [3, 4]
 
 
 @pytest.mark.parametrize(
-    "params", [MEAN, THOMPSON, EngineParams(strategy=Strategy.UNIFORM)], ids=["mean", "thompson", "uniform"]
+    "params", [MEAN, THOMPSON, EngineParams(strategy="uniform")], ids=["mean", "thompson", "uniform"]
 )
 def test_batch_of_all_available_returns_exactly_them(params: EngineParams) -> None:
     """batch_size equal to the number of available tasks returns each of them once."""
@@ -141,7 +141,7 @@ def test_batch_of_all_available_returns_exactly_them(params: EngineParams) -> No
 def test_batch_size_out_of_range_raises(batch_size: int) -> None:
     """batch_size must lie in [1, number of available tasks] (3 of 6 available here)."""
     available = np.array([True, False, True, True, False, False])
-    for params in (MEAN, THOMPSON, EngineParams(strategy=Strategy.UNIFORM)):
+    for params in (MEAN, THOMPSON, EngineParams(strategy="uniform")):
         with pytest.raises(ValueError):
             select(params, ALPHA, BETA, available, batch_size, rng(0))
 
@@ -199,7 +199,7 @@ def test_uniform_strategy_frequencies() -> None:
     beta = np.array([1.0, 1e6, 1.0, 30.0, 1.0, 1.0, 3.0, 9.0, 1.0, 7.0])
     available = np.ones(10, dtype=bool)
     available[[0, 5]] = False  # 8 available
-    params = EngineParams(strategy=Strategy.UNIFORM)
+    params = EngineParams(strategy="uniform")
     g = rng(2024)
     n = 10_000
     included: Counter[int] = Counter()
@@ -235,7 +235,7 @@ def test_softmax_first_pick_frequencies() -> None:
     w = softmax_weights([0.0, -0.2, -0.4], tau)
     assert w == pytest.approx([0.8668, 0.1173, 0.0159], abs=1e-4)
     alpha, beta = concentrated([0.5, 0.3, 0.1], scale=1e8)
-    params = EngineParams(selection_mode=SelectionMode.SOFTMAX, temperature=tau)
+    params = EngineParams(selection_mode="softmax", temperature=tau)
     g = rng(99)
     n = 20_000
     counts = Counter(int(select(params, alpha, beta, np.ones(3, dtype=bool), 1, g)[0]) for _ in range(n))
@@ -257,7 +257,7 @@ def test_softmax_pair_probabilities_follow_successive_sampling() -> None:
     expected = {(0, 1): pair(0, 1), (0, 2): pair(0, 2), (1, 2): pair(1, 2)}
     assert sum(expected.values()) == pytest.approx(1.0)
     alpha, beta = concentrated([0.5, 0.3, 0.1], scale=1e8)
-    params = EngineParams(selection_mode=SelectionMode.SOFTMAX, temperature=tau)
+    params = EngineParams(selection_mode="softmax", temperature=tau)
     g = rng(5)
     n = 20_000
     pairs: Counter[tuple[int, int]] = Counter()
@@ -276,6 +276,6 @@ def test_softmax_pair_probabilities_follow_successive_sampling() -> None:
 def test_softmax_low_temperature_is_greedy() -> None:
     """As tau -> 0 softmax selection becomes the top-k by closeness."""
     alpha, beta = concentrated([0.1, 0.45, 0.9, 0.6, 0.3, 0.52, 0.75])
-    params = EngineParams(selection_mode=SelectionMode.SOFTMAX, temperature=1e-4)
+    params = EngineParams(selection_mode="softmax", temperature=1e-4)
     for seed in range(10):
         assert select(params, alpha, beta, np.ones(7, dtype=bool), 3, rng(seed)).tolist() == [5, 1, 3]

@@ -1,5 +1,13 @@
-"""Experiments, batches and the step loop: engine + store under one experiment lock."""
+"""Experiments, batches and the step loop: engine + store under one experiment lock.
 
-from bots_server.core.selector import SelectorService
-
-__all__ = ["SelectorService"]
+    domain.py       the server's own types (config, experiment, task, batch, ...)
+    validation.py   checks of every input value
+    experiment.py   an experiment held in memory (posterior arrays, keys)
+    runtime.py      worker threads, the experiments in memory, loading and catching up
+    experiments.py  create, get, list, delete, fork, restore, snapshot
+    pool.py         adding tasks
+    batches.py      selecting batches and applying reports
+    checkpoints.py  writing the posterior to the store
+    observer.py     hooks for metrics
+    selector.py     SelectorService: the above, wired together
+"""

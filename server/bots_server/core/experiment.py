@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bots_client.types import ExperimentConfig
-from bots_server.engine import EngineParams, PosteriorState, apply_outcomes
+from bots_server.core.domain import ExperimentConfig
+from bots_server.engine import PosteriorState, apply_outcomes
 from bots_server.store import LoadedRows, StepEvent
 
 
@@ -27,8 +27,7 @@ class LiveExperiment:
 
     id: int
     name: str
-    config: ExperimentConfig
-    params: EngineParams
+    config: ExperimentConfig  # also the engine's parameters
     create_time: dt.datetime
     keys: list[str]
     index: dict[str, int]
@@ -59,7 +58,7 @@ class LiveExperiment:
         start = len(self.keys)
         self.keys.extend(keys)
         self.index.update((key, start + i) for i, key in enumerate(keys))
-        self.state = self.state.extended(self.params, weak, strong)
+        self.state = self.state.extended(self.config, weak, strong)
 
     def append_loaded(self, rows: LoadedRows) -> None:
         self.append_tasks(rows.keys, _floats(rows.weak), _floats(rows.strong))
@@ -70,7 +69,7 @@ class LiveExperiment:
             if event.step != self.step + 1:
                 raise RuntimeError(f"experiment {self.name!r}: event for step {event.step} after step {self.step}")
             result = apply_outcomes(
-                self.params,
+                self.config,
                 self.state,
                 np.asarray(event.task_idx, dtype=np.int64),
                 np.asarray(event.successes, dtype=np.float64),
@@ -91,7 +90,7 @@ class LiveExperiment:
         self.replay(rows.events)
 
     @classmethod
-    def rebuild(cls, rows: LoadedRows, params: EngineParams) -> LiveExperiment:
+    def rebuild(cls, rows: LoadedRows) -> LiveExperiment:
         """The last checkpoint plus a replay of every event after it."""
         checkpoint = rows.checkpoint
         assert checkpoint is not None
@@ -100,11 +99,10 @@ class LiveExperiment:
             id=exp.id,
             name=exp.name,
             config=exp.config,
-            params=params,
             create_time=exp.create_time,
             keys=[],
             index={},
-            state=PosteriorState.from_prior(params, np.empty(0), np.empty(0)),
+            state=PosteriorState.from_prior(exp.config, np.empty(0), np.empty(0)),
             step=checkpoint.step,
             checkpoint_step=checkpoint.step,
         )

@@ -6,15 +6,13 @@ import math
 import re
 from collections.abc import Sequence
 
-from bots_client.types import SELECTION_MODES, STRATEGIES, ExperimentConfig, Outcome, Task
-from bots_server.engine import EngineParams, SelectionMode, Strategy
+from bots_server.core.domain import ExperimentConfig, Outcome, Task, config_settings
 from bots_server.errors import InvalidArgument
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_KEY_LENGTH = 1024
 MAX_REQUEST_KEY_LENGTH = 256
 MAX_FEATURE_NAME_LENGTH = 256
-MAX_SEED = 2**63 - 1
 REFERENCE_FEATURE_PATTERN = re.compile(r'[ !#-\[\]-~]+')
 
 
@@ -26,33 +24,14 @@ def experiment_name(name: str) -> None:
         )
 
 
-def _in_range(field: str, value: float, low: float, high: float) -> None:
-    if not (math.isfinite(value) and low <= value <= high):
-        raise InvalidArgument(f"config.{field} = {value!r} is outside [{low}, {high}]")
-
-
-def _positive(field: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise InvalidArgument(f"config.{field} = {value!r} must be a finite number > 0")
-
-
 def config(cfg: ExperimentConfig) -> None:
-    if cfg.strategy not in STRATEGIES:
-        raise InvalidArgument(f"config.strategy = {cfg.strategy!r}; expected one of {list(STRATEGIES)}")
-    if cfg.selection_mode not in SELECTION_MODES:
-        raise InvalidArgument(f"config.selection_mode = {cfg.selection_mode!r}; expected one of {list(SELECTION_MODES)}")
-    _in_range("target_success", cfg.target_success, 0.0, 1.0)
-    _in_range("forgetting", cfg.forgetting, 0.0, 1.0)
-    _in_range("implicit_weight", cfg.implicit_weight, 0.0, 1.0)
-    _in_range("capability_ema", cfg.capability_ema, 0.0, 1.0)
-    if not 1 <= cfg.rollouts_per_task <= 1_000_000:
-        raise InvalidArgument(f"config.rollouts_per_task = {cfg.rollouts_per_task} is outside [1, 1000000]")
-    _positive("temperature", cfg.temperature)
-    _positive("prior_alpha", cfg.prior_alpha)
-    _positive("prior_beta", cfg.prior_beta)
-    _positive("lease_ttl_seconds", cfg.lease_ttl_seconds)
-    if not 0 <= cfg.seed <= MAX_SEED:
-        raise InvalidArgument(f"config.seed = {cfg.seed} is outside [0, 2^63 - 1]")
+    """Every setting against its declaration (engine/params.py, domain.py),
+    then the rules that tie settings together."""
+    for name, declared, _ in config_settings():
+        value = getattr(cfg, name)
+        problem = declared.problem(value)
+        if problem is not None:
+            raise InvalidArgument(f"config.{name} = {value!r} {problem}")
     if bool(cfg.weak_feature) != bool(cfg.strong_feature):
         raise InvalidArgument(
             f"config.weak_feature = {cfg.weak_feature!r} and config.strong_feature = {cfg.strong_feature!r}: "
@@ -69,21 +48,6 @@ def config(cfg: ExperimentConfig) -> None:
             raise InvalidArgument(
                 f"config.{field} = {value!r}: use printable ASCII characters other than double quote and backslash"
             )
-
-
-def engine_params(cfg: ExperimentConfig) -> EngineParams:
-    return EngineParams(
-        strategy=Strategy(cfg.strategy),
-        target_success=cfg.target_success,
-        forgetting=cfg.forgetting,
-        implicit_weight=cfg.implicit_weight,
-        rollouts_per_task=cfg.rollouts_per_task,
-        selection_mode=SelectionMode(cfg.selection_mode),
-        temperature=cfg.temperature,
-        prior_alpha=cfg.prior_alpha,
-        prior_beta=cfg.prior_beta,
-        capability_ema=cfg.capability_ema,
-    )
 
 
 def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:

@@ -1,21 +1,27 @@
 """Pure numpy math of task selection: arrays in, arrays out, no I/O.
 
 Deterministic given (seed, step, request key). Used by the server and usable
-in-process (benchmarks compare against it).
+in-process (benchmarks compare against it). Strategies live one per module
+in `strategies/`; their parameters are declared in `params.py`.
 """
 
-from bots_server.engine.params import EngineParams, SelectionMode, Strategy
-from bots_server.engine.posterior import PosteriorState, UpdateResult, apply_outcomes
+from bots_server.engine.params import SELECTION_MODES, EngineParams, Setting, settings
 from bots_server.engine.rng import step_rng
-from bots_server.engine.selection import select
+from bots_server.engine.state import PosteriorState, UpdateResult
+from bots_server.engine.steps import apply_outcomes, select
+from bots_server.engine.summary import BatchSignals, batch_signals, posterior_spread
 
 __all__ = [
+    "SELECTION_MODES",
+    "BatchSignals",
     "EngineParams",
     "PosteriorState",
-    "SelectionMode",
-    "Strategy",
+    "Setting",
     "UpdateResult",
     "apply_outcomes",
+    "batch_signals",
+    "posterior_spread",
     "select",
+    "settings",
     "step_rng",
 ]

@@ -1,32 +1,93 @@
-"""Algorithm parameters (DESIGN.md section 2)."""
+"""Algorithm parameters (DESIGN.md section 2), each declared once with its
+default, bounds and meaning.
+
+The declarations are the registry of settings: validation, the proto mapping
+and storage all iterate `settings()`, so a new setting is one field here (plus
+its proto field and the client's field), with no schema migration. A new
+setting's default must reproduce the behaviour of experiments stored before
+it existed: they are read back with it.
+"""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 
-class Strategy(enum.Enum):
-    BOTS = "bots"
-    MOPPS = "mopps"
-    UNIFORM = "uniform"
+@dataclass(frozen=True)
+class Setting:
+    """What a setting may hold. `choices` is a function (the registry of
+    strategies is filled after this module is imported)."""
+
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # low itself excluded
+    choices: Callable[[], tuple[str, ...]] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not allowed, or None."""
+        if self.choices is not None:
+            allowed = self.choices()
+            return None if value in allowed else f"is not one of {list(allowed)}"
+        if isinstance(value, str):
+            return None
+        if isinstance(value, bool) or not math.isfinite(value):
+            return "must be a finite number"
+        low = -math.inf if self.low is None else self.low
+        high = math.inf if self.high is None else self.high
+        if value < low or value > high or (self.low_open and value == low):
+            bracket = "(" if self.low_open else "["
+            return f"is outside {bracket}{_number(low)}, {_number(high)}]"
+        return None
 
 
-class SelectionMode(enum.Enum):
-    THOMPSON = "thompson"
-    MEAN = "mean"
-    SOFTMAX = "softmax"
+def _number(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:g}"
+
+
+def setting(default: Any, doc: str, **bounds: Any) -> Any:
+    """A dataclass field declaring a setting."""
+    return field(default=default, metadata={"setting": Setting(doc, **bounds)})
+
+
+def _strategy_names() -> tuple[str, ...]:
+    from bots_server.engine import strategies
+
+    return strategies.names()
+
+
+SELECTION_MODES = ("thompson", "mean", "softmax")
 
 
 @dataclass(frozen=True)
 class EngineParams:
-    strategy: Strategy = Strategy.BOTS
-    target_success: float = 0.5  # p*
-    forgetting: float = 0.1  # lambda
-    implicit_weight: float = 0.1  # rho
-    rollouts_per_task: int = 16  # m
-    selection_mode: SelectionMode = SelectionMode.THOMPSON
-    temperature: float = 1.0  # softmax only
-    prior_alpha: float = 1.0  # a0
-    prior_beta: float = 1.0  # b0
-    capability_ema: float = 0.9
+    strategy: str = setting("bots", "selection and update rule (engine/strategies)", choices=_strategy_names)
+    target_success: float = setting(0.5, "p*: the success rate batches are picked around", low=0.0, high=1.0)
+    forgetting: float = setting(0.1, "lambda: pull of the posterior toward the prior per step", low=0.0, high=1.0)
+    implicit_weight: float = setting(0.1, "rho: weight of the plug-in's prediction", low=0.0, high=1.0)
+    rollouts_per_task: int = setting(16, "m: evidence scale of a reported rate", low=1, high=1_000_000)
+    selection_mode: str = setting(
+        "thompson", "thompson (Beta draw), mean (posterior mean) or softmax", choices=lambda: SELECTION_MODES
+    )
+    temperature: float = setting(1.0, "tau of softmax selection", low=0.0, low_open=True)
+    prior_alpha: float = setting(1.0, "a0 of the prior Beta(a0, b0)", low=0.0, low_open=True)
+    prior_beta: float = setting(1.0, "b0 of the prior Beta(a0, b0)", low=0.0, low_open=True)
+    capability_ema: float = setting(0.9, "smoothing of the plug-in's capability estimate", low=0.0, high=1.0)
+
+    @classmethod
+    def of(cls, config: Any) -> EngineParams:
+        """The engine's parameters from any config with the same field names
+        (the client's ExperimentConfig, for running the engine in-process)."""
+        return cls(**{name: getattr(config, name) for name, _, _ in settings(cls)})
+
+
+def settings(cls: type[Any]) -> Iterator[tuple[str, Setting, Any]]:
+    """(name, declaration, default) of every setting of a params dataclass."""
+    for f in dataclasses.fields(cls):
+        declared = f.metadata.get("setting")
+        if declared is not None:
+            yield f.name, declared, f.default

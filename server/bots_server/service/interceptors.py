@@ -26,7 +26,8 @@ from typing import Any
 import grpc
 
 from bots_server import logs
-from bots_server.metrics import GO_CODE_NAMES, RpcMetrics, grpc_type, split_method
+from bots_server.metrics import RpcMetrics
+from bots_server.service.rpc_names import GO_CODE_NAMES, grpc_type, split_method
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from bots_client.proto import bots_pb2, bots_pb2_grpc
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.errors import Unavailable
 from bots_server.metrics import Metrics
+from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
 from bots_server.service.interceptors import AuthInterceptor, MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.servicer import TaskSelectorServicer
 from bots_server.settings import ServerSettings, split_host_port
@@ -57,7 +58,7 @@ class BotsServer:
         if settings.auth_tokens:
             interceptors.append(AuthInterceptor(settings.auth_tokens))
         self.server = grpc.aio.server(interceptors=interceptors)
-        self.metrics.rpc.initialize(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"])
+        self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
         bots_pb2_grpc.add_TaskSelectorServicer_to_server(TaskSelectorServicer(self.selector), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -79,7 +80,7 @@ class BotsServer:
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._check_database()
         self._tasks = [
-            asyncio.create_task(self.selector.run_checkpoints(), name="checkpoints"),
+            asyncio.create_task(self.selector.checkpoints.run(), name="checkpoints"),
             asyncio.create_task(self._watch_database(), name="database-health"),
             asyncio.create_task(self.metrics.watch_event_loop(), name="event-loop-lag"),
         ]

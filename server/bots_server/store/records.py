@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bots_client.types import ExperimentConfig
+from bots_server.core.domain import ExperimentConfig
 
 
 @dataclass(frozen=True)

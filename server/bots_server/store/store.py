@@ -29,7 +29,7 @@ from alembic.config import Config as AlembicConfig
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
 
-from bots_client.types import ExperimentConfig
+from bots_server.core.domain import ExperimentConfig
 from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import schema as t
 from bots_server.store.records import (

@@ -1,0 +1,192 @@
+"""Batches: selecting them (leases, same request key -> same batch) and
+applying their reports (one step each, acknowledged once committed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+
+from bots_server.core import validation
+from bots_server.core.checkpoints import Checkpoints
+from bots_server.core.domain import Batch, Outcome, ReportResult
+from bots_server.core.experiment import LiveExperiment
+from bots_server.core.observer import PosteriorView
+from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
+from bots_server.engine import apply_outcomes, batch_signals, select, step_rng
+from bots_server.errors import FailedPrecondition, InvalidArgument, NotFound
+from bots_server.store import BatchAlreadyReported, BatchRow, LeaseConflict, Lookup, StaleStep, StepEvent
+
+log = logging.getLogger(__name__)
+
+
+class Batches:
+    def __init__(self, runtime: Runtime, checkpoints: Checkpoints) -> None:
+        self.runtime = runtime
+        self.checkpoints = checkpoints
+
+    async def select(self, name: str, batch_size: int, request_key: str) -> Batch:
+        validation.experiment_name(name)
+        validation.batch_request(batch_size, request_key)
+        rt = self.runtime
+        async with rt.lock(name):
+            now = rt.clock()
+            # One read: catch up, the batch of this request key, the leases.
+            live, rows = await rt.ready(name, Lookup(request_key=request_key, leases_at=now))
+            if live.num_tasks == 0:
+                raise FailedPrecondition(f"experiment {name!r} has no tasks; add tasks first")
+            if batch_size > live.num_tasks:
+                raise InvalidArgument(f"batch_size = {batch_size} is larger than the pool of {live.num_tasks} tasks")
+            if rows.batch is not None:
+                return _same_request(live, rows.batch, batch_size)
+            request_key = request_key or uuid.uuid4().hex
+            leased = rows.leased or []
+            for _ in range(MAX_WRITE_ATTEMPTS):
+                chosen = await rt.run(_choose, live, leased, batch_size, request_key)
+                row = BatchRow(
+                    batch_id=uuid.uuid4().hex,
+                    request_key=request_key,
+                    step=live.step,
+                    task_idx=chosen,
+                    create_time=now,
+                    lease_expire_time=now + dt.timedelta(seconds=live.config.lease_ttl_seconds),
+                    reported_step=None,
+                )
+                try:
+                    stored = await rt.run(rt.store.insert_batch, live.id, row, now)
+                except (StaleStep, LeaseConflict):  # another replica reported or leased meanwhile
+                    now = rt.clock()
+                    leased = (await rt.catch_up(live, Lookup(leases_at=now))).leased or []
+                    continue
+                if stored.batch_id != row.batch_id:  # a racing call with the same key won
+                    return _same_request(live, stored, batch_size)
+                rt.notify(rt.observer.batch_selected, name, batch_size, len(leased) + batch_size)
+                log.debug(
+                    "batch selected",
+                    extra={"experiment": name, "batch_id": row.batch_id, "step": live.step, "batch_size": batch_size},
+                )
+                return _batch(live, stored)
+            raise contended(name)
+
+    async def report(self, name: str, batch_id: str, outcomes: Sequence[Outcome]) -> ReportResult:
+        """Apply one batch's outcomes as one step; acknowledged once committed.
+
+        Tasks of the batch that are not reported count as unselected. A report
+        after the batch's lease expired is still applied: the rollouts are real
+        evidence. An identical retry returns the first answer.
+        """
+        validation.experiment_name(name)
+        validation.outcomes(batch_id, outcomes)
+        rt = self.runtime
+        async with rt.lock(name):
+            live, rows = await rt.ready(name, Lookup(batch_id=batch_id))
+            batch = rows.batch
+            if batch is None:
+                raise NotFound(f"batch {batch_id!r} not found in experiment {name!r}")
+            task_idx, successes, trials = _match(live, batch, outcomes)
+            if batch.reported_step is not None:
+                return await self._repeated(live, batch, task_idx, successes, trials)
+            for _ in range(MAX_WRITE_ATTEMPTS):
+                result = await rt.run(
+                    apply_outcomes,
+                    live.config,
+                    live.state,
+                    np.asarray(task_idx, dtype=np.int64),
+                    np.asarray(successes, dtype=np.float64),
+                    np.asarray(trials, dtype=np.float64),
+                )
+                capability = None if math.isnan(result.state.capability) else result.state.capability
+                event = StepEvent(
+                    step=live.step + 1,
+                    batch_id=batch_id,
+                    pool_size=live.num_tasks,
+                    task_idx=task_idx,
+                    successes=successes,
+                    trials=trials,
+                    capability=capability,
+                    capability_estimate=None if math.isnan(result.capability_estimate) else result.capability_estimate,
+                )
+                try:
+                    await rt.run(rt.store.commit_report, live.id, live.step, event, rt.clock())
+                except StaleStep:
+                    await rt.catch_up(live)
+                    continue
+                except BatchAlreadyReported:  # another replica applied it meanwhile
+                    batch = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
+                    assert batch is not None
+                    return await self._repeated(live, batch, task_idx, successes, trials)
+                live.state, live.step = result.state, event.step
+                signals = batch_signals(successes, trials)
+                rt.notify(rt.observer.report_applied, name, signals, PosteriorView.of(event.step, result.state))
+                log.info(
+                    "report applied",
+                    extra={"experiment": name, "step": event.step, "batch_id": batch_id, "tasks": len(task_idx)},
+                )
+                self.checkpoints.after_step(live)
+                return ReportResult(step=event.step, capability=capability, duplicate=False)
+            raise contended(name)
+
+    async def _repeated(
+        self, live: LiveExperiment, batch: BatchRow, task_idx: list[int], successes: list[float], trials: list[int]
+    ) -> ReportResult:
+        assert batch.reported_step is not None
+        rt = self.runtime
+        event = await rt.run(rt.store.read_event, live.id, batch.reported_step)
+        if (event.task_idx, event.successes, event.trials) != (task_idx, successes, trials):
+            raise FailedPrecondition(
+                f"batch {batch.batch_id!r} was already reported at step {batch.reported_step} with other outcomes"
+            )
+        return ReportResult(step=event.step, capability=event.capability, duplicate=True)
+
+
+def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_key: str) -> list[int]:
+    available = np.ones(live.num_tasks, dtype=bool)
+    available[np.asarray(leased, dtype=np.int64)] = False
+    free = int(available.sum())
+    if free < batch_size:
+        raise FailedPrecondition(
+            f"batch_size = {batch_size} but only {free} of {live.num_tasks} tasks are free; "
+            f"{live.num_tasks - free} are leased by open batches (report them or wait for their leases to expire)"
+        )
+    rng = step_rng(live.config.seed, live.step, request_key)
+    chosen = select(live.config, live.state.alpha, live.state.beta, available, batch_size, rng)
+    return chosen.tolist()
+
+
+def _same_request(live: LiveExperiment, existing: BatchRow, batch_size: int) -> Batch:
+    if len(existing.task_idx) != batch_size:
+        raise FailedPrecondition(
+            f"request_key {existing.request_key!r} was already used for batch {existing.batch_id!r} "
+            f"of {len(existing.task_idx)} tasks; this request asks for {batch_size}"
+        )
+    return _batch(live, existing)
+
+
+def _batch(live: LiveExperiment, row: BatchRow) -> Batch:
+    return Batch(
+        batch_id=row.batch_id,
+        step=row.step,
+        keys=[live.keys[i] for i in row.task_idx],
+        request_key=row.request_key,
+        lease_expire_time=row.lease_expire_time,
+    )
+
+
+def _match(live: LiveExperiment, batch: BatchRow, outcomes: Sequence[Outcome]) -> tuple[list[int], list[float], list[int]]:
+    """Task indices, successes and trials sorted by task index (the order
+    the event log stores, so a replay sums in the same order)."""
+    in_batch = set(batch.task_idx)
+    rows = []
+    for o in outcomes:
+        idx = live.index.get(o.key)
+        if idx is None:
+            raise InvalidArgument(f"task {o.key!r} is not in experiment {live.name!r}")
+        if idx not in in_batch:
+            raise InvalidArgument(f"task {o.key!r} is not in batch {batch.batch_id!r}")
+        rows.append((idx, float(o.successes), int(o.trials)))
+    rows.sort()
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]

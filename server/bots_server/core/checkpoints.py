@@ -1,0 +1,88 @@
+"""Checkpoints: every posterior row of an experiment written as of one step,
+so a restart replays only the events after it. Written in the background,
+every N steps or T seconds, and for every experiment at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+
+from bots_server.core.experiment import LiveExperiment
+from bots_server.core.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointPolicy:
+    every_steps: int = 100
+    every_seconds: float = 60.0
+
+
+class Checkpoints:
+    def __init__(self, runtime: Runtime, policy: CheckpointPolicy) -> None:
+        self.runtime = runtime
+        self.policy = policy
+        self._background: set[asyncio.Task[None]] = set()
+
+    def after_step(self, live: LiveExperiment) -> None:
+        if live.step - live.checkpoint_step >= self.policy.every_steps:
+            self._start(live)
+
+    def cancel(self, live: LiveExperiment) -> None:
+        if live.checkpoint_task is not None:
+            live.checkpoint_task.cancel()
+
+    def _start(self, live: LiveExperiment) -> None:
+        if live.checkpoint_task is not None and not live.checkpoint_task.done():
+            return
+        task = asyncio.create_task(self._write(live), name=f"checkpoint-{live.name}")
+        live.checkpoint_task = task
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write(self, live: LiveExperiment) -> None:
+        state, step = live.state, live.step  # one consistent pair: both change together
+        if step <= live.checkpoint_step:
+            return
+        runtime = self.runtime
+        capability = None if math.isnan(state.capability) else state.capability
+        started = time.perf_counter()
+        try:
+            await runtime.run(
+                runtime.store.write_checkpoint, live.id, step, capability, state.alpha, state.beta, runtime.clock()
+            )
+        except Exception:
+            log.exception("checkpoint failed", extra={"experiment": live.name, "step": step})
+            return
+        live.checkpoint_step = step
+        live.checkpoint_time = time.monotonic()
+        seconds = time.perf_counter() - started
+        runtime.notify(runtime.observer.checkpoint_written, live.name, step, seconds)
+        log.info(
+            "checkpoint written",
+            extra={"experiment": live.name, "step": step, "num_tasks": state.num_tasks, "seconds": round(seconds, 3)},
+        )
+
+    def due(self) -> None:
+        """Checkpoint every experiment whose last one is older than the policy allows."""
+        now = time.monotonic()
+        for live in list(self.runtime.live.values()):
+            if live.step > live.checkpoint_step and now - live.checkpoint_time >= self.policy.every_seconds:
+                self._start(live)
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        """Background loop: time-based checkpoints until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.due()
+
+    async def close(self) -> None:
+        """Finish running checkpoints, then checkpoint everything."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        for live in list(self.runtime.live.values()):
+            await self._write(live)

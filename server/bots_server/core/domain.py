@@ -1,0 +1,116 @@
+"""The service's domain: experiments, their config, tasks, batches, outcomes.
+
+Plain data, owned by the server. The service converts the API's messages to
+and from these (service/convert.py); the store keeps them as rows, the config
+as one JSON object (so a new setting needs no schema migration).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bots_server.engine import EngineParams, Setting, settings
+from bots_server.engine.params import setting
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ExperimentConfig(EngineParams):
+    """The engine's parameters plus what the core needs around them.
+    Defaults: the paper's reference config."""
+
+    weak_feature: str = setting("", "task feature holding a weaker reference model's pass rate")
+    strong_feature: str = setting("", "task feature holding a stronger reference model's pass rate")
+    seed: int = setting(0, "seeds the selection RNG together with the step and request key", low=0, high=MAX_SEED)
+    lease_ttl_seconds: float = setting(3600.0, "how long a selected batch holds its tasks", low=0.0, low_open=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ExperimentConfig:
+        """A stored config; settings it lacks (added after it was stored) take
+        their defaults, which reproduce the behaviour from before they existed."""
+        known = {name for name, _, _ in config_settings()}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def config_settings() -> list[tuple[str, Setting, Any]]:
+    """(name, declaration, default) of every experiment setting."""
+    return list(settings(ExperimentConfig))
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str
+    features: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the rollouts of one task gave: `successes` of `trials` (a sum of
+    rewards in [0, 1] may be fractional)."""
+
+    key: str
+    successes: float
+    trials: int
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    config: ExperimentConfig
+    step: int
+    num_tasks: int
+    open_batches: int
+    capability: float | None
+    create_time: dt.datetime
+    forked_from: str | None = None  # set on forked or restored experiments
+    forked_at_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    batch_id: str
+    step: int
+    keys: list[str]
+    request_key: str
+    lease_expire_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    step: int
+    capability: float | None
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An experiment's posterior at one step, in task order."""
+
+    experiment: Experiment
+    keys: list[str]
+    alpha: list[float]
+    beta: list[float]
+    features: list[dict[str, float]] | None
+
+
+@dataclass(frozen=True)
+class RestoreData:
+    """A snapshot to start a new experiment from."""
+
+    name: str
+    config: ExperimentConfig
+    step: int
+    capability: float | None
+    source: str
+    keys: list[str]
+    alpha: list[float]
+    beta: list[float]
+    features: list[dict[str, float]]

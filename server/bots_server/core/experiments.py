@@ -1,0 +1,139 @@
+"""Experiment use cases: create, get, list, delete, fork, restore, snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from bots_server.core import validation
+from bots_server.core.checkpoints import Checkpoints
+from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
+from bots_server.core.runtime import Runtime
+from bots_server.errors import InvalidArgument, NotFound
+from bots_server.store import ExperimentCopy, ExperimentRow
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+class Experiments:
+    def __init__(self, runtime: Runtime, checkpoints: Checkpoints) -> None:
+        self.runtime = runtime
+        self.checkpoints = checkpoints
+
+    async def create(self, name: str, config: ExperimentConfig) -> Experiment:
+        validation.experiment_name(name)
+        validation.config(config)
+        rt = self.runtime
+        row = await rt.run(rt.store.create_experiment, name, config, rt.clock())
+        log.info("experiment created", extra={"experiment": name, "config": config.to_dict()})
+        return summary(row, open_batches=0)
+
+    async def get(self, name: str) -> Experiment:
+        validation.experiment_name(name)
+        rt = self.runtime
+        row = await rt.run(rt.store.find_experiment, name)
+        if row is None:
+            raise NotFound(f"experiment {name!r} not found")
+        return summary(row, await rt.run(rt.store.count_open_batches, row.id, rt.clock()))
+
+    async def list(self, page_size: int, page_token: str) -> tuple[list[Experiment], str]:
+        if page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size = {page_size} is larger than {MAX_PAGE_SIZE}")
+        limit = page_size or DEFAULT_PAGE_SIZE
+        rt = self.runtime
+        rows = await rt.run(rt.store.list_experiments, page_token, limit)
+        now = rt.clock()
+        result = [summary(row, await rt.run(rt.store.count_open_batches, row.id, now)) for row in rows]
+        next_token = rows[-1].name if len(rows) == limit else ""
+        return result, next_token
+
+    async def delete(self, name: str) -> None:
+        validation.experiment_name(name)
+        rt = self.runtime
+        async with rt.lock(name):
+            row = await rt.run(rt.store.find_experiment, name)
+            if row is None:
+                raise NotFound(f"experiment {name!r} not found")
+            live = rt.live.get(name)
+            if live is not None:
+                self.checkpoints.cancel(live)
+            await rt.run(rt.store.delete_experiment, row.id)
+            rt.forget(name)
+        log.info("experiment deleted", extra={"experiment": name})
+
+    async def fork(self, source: str, name: str, config: ExperimentConfig | None) -> Experiment:
+        """A new experiment with the source's tasks, current posterior and step."""
+        validation.experiment_name(source)
+        validation.experiment_name(name)
+        if config is not None:
+            validation.config(config)
+        rt = self.runtime
+        async with rt.lock(source):
+            live, _ = await rt.ready(source)
+            state = live.state
+            copy = ExperimentCopy(
+                name=name,
+                config=config or live.config,
+                step=live.step,
+                capability=live.capability,
+                alpha=state.alpha,
+                beta=state.beta,
+                forked_from=source,
+                source_id=live.id,
+            )
+            row = await rt.run(rt.store.create_copy, copy, rt.clock())
+        log.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
+        return summary(row, open_batches=0)
+
+    async def restore(self, data: RestoreData) -> Experiment:
+        """A new experiment from a snapshot: its tasks, posterior and step."""
+        validation.experiment_name(data.name)
+        validation.config(data.config)
+        rt = self.runtime
+        await rt.run(validation.snapshot, data.config, data.keys, data.alpha, data.beta, data.features, data.capability)
+        copy = ExperimentCopy(
+            name=data.name,
+            config=data.config,
+            step=data.step,
+            capability=data.capability,
+            alpha=data.alpha,
+            beta=data.beta,
+            forked_from=data.source or "snapshot",
+            keys=data.keys,
+            features=data.features,
+        )
+        row = await rt.run(rt.store.create_copy, copy, rt.clock())
+        log.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
+        return summary(row, open_batches=0)
+
+    async def snapshot(self, name: str, include_features: bool = False) -> Snapshot:
+        validation.experiment_name(name)
+        rt = self.runtime
+        async with rt.lock(name):
+            live, _ = await rt.ready(name)
+            state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
+        row = await rt.run(rt.store.find_experiment, name)
+        if row is None or row.id != live.id:
+            raise NotFound(f"experiment {name!r} not found")
+        open_batches = await rt.run(rt.store.count_open_batches, live.id, rt.clock())
+        experiment = summary(dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches)
+        alpha, beta = await rt.run(lambda: (state.alpha.tolist(), state.beta.tolist()))
+        features = await rt.run(rt.store.load_features, live.id, len(keys)) if include_features else None
+        return Snapshot(experiment, keys, alpha, beta, features)
+
+
+def summary(row: ExperimentRow, open_batches: int) -> Experiment:
+    return Experiment(
+        name=row.name,
+        config=row.config,
+        step=row.step,
+        num_tasks=row.num_tasks,
+        open_batches=open_batches,
+        capability=row.capability,
+        create_time=row.create_time,
+        forked_from=row.forked_from,
+        forked_at_step=row.forked_at_step,
+    )

@@ -1,0 +1,49 @@
+"""The task pool of an experiment: adding tasks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from bots_server.core import validation
+from bots_server.core.domain import Task
+from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
+from bots_server.errors import AlreadyExists
+from bots_server.store import StaleStep
+
+log = logging.getLogger(__name__)
+
+
+class Pool:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def add_tasks(self, name: str, tasks: Sequence[Task]) -> tuple[int, int]:
+        """Add tasks at the prior, all or nothing. Returns (added, tasks in the experiment)."""
+        validation.experiment_name(name)
+        rt = self.runtime
+        async with rt.lock(name):
+            live, _ = await rt.ready(name)
+            await rt.run(validation.tasks, live.config, tasks)
+            keys = [task.key for task in tasks]
+            features = [dict(task.features) for task in tasks]
+            for _ in range(MAX_WRITE_ATTEMPTS):
+                taken = [key for key in keys if key in live.index]
+                if taken:
+                    raise _already_has(name, taken)
+                try:
+                    await rt.run(rt.store.add_tasks, live.id, live.num_tasks, keys, features)
+                except StaleStep:
+                    await rt.catch_up(live)
+                    continue
+                await rt.run(live.append_tasks, keys, *live.reference_features(features))
+                rt.notify(rt.observer.tasks_added, name, live.num_tasks)
+                log.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
+                return len(keys), live.num_tasks
+            raise contended(name)
+
+
+def _already_has(name: str, taken: list[str]) -> AlreadyExists:
+    shown = ", ".join(repr(k) for k in taken[:5])
+    more = f" and {len(taken) - 5} more" if len(taken) > 5 else ""
+    return AlreadyExists(f"experiment {name!r} already has tasks {shown}{more}")

@@ -1,0 +1,133 @@
+"""What every use case runs on: the worker threads, the clock, the observer,
+and the experiments held in memory, loaded from the store and caught up with
+what other replicas committed.
+
+Every call on one experiment runs under that experiment's lock on this
+replica; correctness across replicas comes from the store (the step is a
+compare-and-set, the request key and the batch's reported mark are unique).
+Blocking work (SQL, numpy over the pool) runs in a thread pool so the event
+loop keeps serving other experiments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import datetime as dt
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+from bots_server.core.experiment import LiveExperiment
+from bots_server.core.observer import PosteriorView, SelectorObserver
+from bots_server.errors import NotFound, Unavailable
+from bots_server.store import LoadedRows, Lookup, Store
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Compare-and-set retries when other replicas keep changing the experiment.
+MAX_WRITE_ATTEMPTS = 20
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Runtime:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_workers: int,
+        clock: Callable[[], dt.datetime],
+        observer: SelectorObserver,
+    ) -> None:
+        self.store = store
+        self.observer = observer
+        self.clock = clock
+        self.live: dict[str, LiveExperiment] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
+
+    async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """Run blocking work on the pool, in this call's context (its request id)."""
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(self._executor, functools.partial(context.run, fn, *args, **kwargs))
+
+    def notify(self, hook: Callable[..., None], *args: object) -> None:
+        """Run an observer hook on a worker thread, off the request's path."""
+        future = self._executor.submit(hook, *args)
+        future.add_done_callback(_log_hook_failure)
+
+    def lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def ready(self, name: str, lookup: Lookup | None = None) -> tuple[LiveExperiment, LoadedRows]:
+        """The experiment, rebuilt from the store if not in memory, and caught
+        up with whatever other replicas committed; with the rows `lookup` asks
+        for, from the same read. Call under the experiment's lock."""
+        live = self.live.get(name)
+        if live is not None:
+            try:
+                return live, await self.catch_up(live, lookup)
+            except NotFound:
+                pass  # deleted elsewhere; the name may have been reused: look it up again
+        row = await self.run(self.store.find_experiment, name)
+        if row is None:
+            self._locks.pop(name, None)
+            raise NotFound(f"experiment {name!r} not found")
+        started = time.perf_counter()
+        rows = await self.run(self.store.load, row.id, lookup=lookup)
+        if rows is None:
+            raise NotFound(f"experiment {name!r} not found")
+        live = await self.run(LiveExperiment.rebuild, rows)
+        self.live[name] = live
+        seconds = time.perf_counter() - started
+        self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state), seconds)
+        log.info(
+            "experiment loaded",
+            extra={
+                "experiment": name,
+                "step": live.step,
+                "num_tasks": live.num_tasks,
+                "replayed_steps": len(rows.events),
+                "seconds": round(seconds, 3),
+            },
+        )
+        return live, rows
+
+    async def catch_up(self, live: LiveExperiment, lookup: Lookup | None = None) -> LoadedRows:
+        rows = await self.run(self.store.load, live.id, after_step=live.step, first_task=live.num_tasks, lookup=lookup)
+        if rows is None or rows.experiment.name != live.name:
+            self.forget(live.name)
+            raise NotFound(f"experiment {live.name!r} not found")
+        if rows.keys or rows.events:
+            await self.run(live.catch_up, rows)
+        return rows
+
+    def forget(self, name: str) -> LiveExperiment | None:
+        """Drop an experiment (deleted here or elsewhere) from memory and metrics."""
+        live = self.live.pop(name, None)
+        self.notify(self.observer.experiment_removed, name)
+        return live
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+def contended(name: str) -> Unavailable:
+    return Unavailable(f"experiment {name!r} is being changed by other writers; retry")
+
+
+def _log_hook_failure(future: Future[None]) -> None:
+    if future.exception() is not None:
+        log.error("observer hook failed", exc_info=future.exception())

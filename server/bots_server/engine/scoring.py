@@ -1,0 +1,36 @@
+"""Selection building blocks: closeness scores and an exact top-k."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bots_server.engine.params import EngineParams
+
+
+def closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """s_i = -|p* - p_i| with p_i a Beta draw (thompson, softmax) or the
+    posterior mean (mean); softmax adds Gumbel noise to s / tau, so that the
+    top-k is exactly sequential sampling without replacement from softmax(s / tau)."""
+    if params.selection_mode == "mean":
+        p = alpha / (alpha + beta)
+    else:
+        p = rng.beta(alpha, beta)
+    score = -np.abs(params.target_success - p)
+    if params.selection_mode == "softmax":
+        score = score / params.temperature + rng.gumbel(size=score.shape[0])
+    return score
+
+
+def top_k(score: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of the k largest scores, best first; random among ties at the cut."""
+    n = score.shape[0]
+    if k < n:
+        cut = score[np.argpartition(score, n - k)[n - k]]
+    else:
+        cut = score.min()
+    above = np.flatnonzero(score > cut)
+    at_cut = np.flatnonzero(score == cut)
+    chosen_at_cut = rng.choice(at_cut, size=k - above.shape[0], replace=False)
+    chosen = np.concatenate([above, np.sort(chosen_at_cut)])
+    order = np.argsort(-score[chosen], kind="stable")
+    return chosen[order]

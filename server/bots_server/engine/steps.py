@@ -1,0 +1,60 @@
+"""One step of a strategy: select a batch, apply a batch's outcomes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bots_server.engine import strategies
+from bots_server.engine.params import EngineParams
+from bots_server.engine.scoring import top_k
+from bots_server.engine.state import PosteriorState, UpdateResult
+
+
+def select(
+    params: EngineParams,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    available: np.ndarray,
+    batch_size: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Indices of `batch_size` tasks among those where `available` is True,
+    best first by the strategy's score; ties at the cut broken at random."""
+    n_available = int(np.count_nonzero(available))
+    if not 0 < batch_size <= n_available:
+        raise ValueError(f"batch_size {batch_size} not in [1, {n_available}]")
+    score = strategies.get(params.strategy).score(params, alpha, beta, rng)
+    return top_k(np.where(available, score, -np.inf), batch_size, rng)
+
+
+def apply_outcomes(
+    params: EngineParams,
+    state: PosteriorState,
+    tasks: np.ndarray,
+    successes: np.ndarray,
+    trials: np.ndarray,
+    pool_size: int | None = None,
+) -> UpdateResult:
+    """One step: the outcomes of the reported tasks update every task.
+
+    `tasks` are distinct indices; `successes` may be fractional. Only the first
+    `pool_size` tasks take part (replay of a step from before tasks were added);
+    the rest are carried over unchanged.
+    """
+    update = strategies.get(params.strategy).update
+    n = state.num_tasks if pool_size is None else pool_size
+    if n >= state.num_tasks:
+        return update(params, state, tasks, successes, trials)
+    head = PosteriorState(state.alpha[:n], state.beta[:n], state.weak[:n], state.strong[:n], state.capability)
+    result = update(params, head, tasks, successes, trials)
+    new = result.state
+    return UpdateResult(
+        PosteriorState(
+            np.concatenate([new.alpha, state.alpha[n:]]),
+            np.concatenate([new.beta, state.beta[n:]]),
+            state.weak,
+            state.strong,
+            new.capability,
+        ),
+        result.capability_estimate,
+    )

@@ -1,0 +1,111 @@
+"""API messages <-> the server's domain types.
+
+The config mapping is derived from the settings' declarations: a setting maps
+to the proto field of the same name; enum settings map value NAME to
+PREFIX_NAME of their proto enum (strategy "bots" <-> STRATEGY_BOTS), with
+the UNSPECIFIED value meaning the default.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from bots_client.proto import bots_pb2 as pb
+from bots_server.core.domain import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, Task, config_settings
+from bots_server.errors import InvalidArgument
+
+ENUM_SETTINGS: dict[str, tuple[str, EnumTypeWrapper]] = {
+    "strategy": ("STRATEGY_", pb.Strategy),
+    "selection_mode": ("SELECTION_MODE_", pb.SelectionMode),
+}
+_CONFIG_FIELDS = pb.ExperimentConfig.DESCRIPTOR.fields_by_name
+
+
+def enum_names(setting: str) -> tuple[str, ...]:
+    """The values the API can carry for an enum setting (UNSPECIFIED aside)."""
+    prefix, enum = ENUM_SETTINGS[setting]
+    return tuple(name.removeprefix(prefix).lower() for name, number in enum.items() if number != 0)
+
+
+def config_from_proto(message: pb.ExperimentConfig) -> ExperimentConfig:
+    """The config with every unset field at its default."""
+    values: dict[str, Any] = {}
+    for name, _, _ in config_settings():
+        if name in ENUM_SETTINGS:
+            prefix, enum = ENUM_SETTINGS[name]
+            number = getattr(message, name)
+            if number == 0:
+                continue
+            try:
+                values[name] = enum.Name(number).removeprefix(prefix).lower()
+            except ValueError:
+                raise InvalidArgument(f"config.{name} enum value {number} is unknown") from None
+        elif _CONFIG_FIELDS[name].has_presence:
+            if message.HasField(name):
+                values[name] = getattr(message, name)
+        else:
+            values[name] = getattr(message, name)  # plain proto3 field: its zero value is the default
+    return ExperimentConfig(**values)
+
+
+def config_to_proto(config: ExperimentConfig) -> pb.ExperimentConfig:
+    message = pb.ExperimentConfig()
+    for name, _, _ in config_settings():
+        value = getattr(config, name)
+        if name in ENUM_SETTINGS:
+            prefix, enum = ENUM_SETTINGS[name]
+            value = enum.Value(prefix + value.upper())
+        setattr(message, name, value)
+    return message
+
+
+def timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
+    message = timestamp_pb2.Timestamp()
+    message.FromDatetime(value.astimezone(dt.timezone.utc))
+    return message
+
+
+def experiment_to_proto(experiment: Experiment) -> pb.Experiment:
+    message = pb.Experiment(
+        name=experiment.name,
+        config=config_to_proto(experiment.config),
+        step=experiment.step,
+        num_tasks=experiment.num_tasks,
+        open_batches=experiment.open_batches,
+        create_time=timestamp(experiment.create_time),
+        forked_from=experiment.forked_from or "",
+        forked_at_step=experiment.forked_at_step or 0,
+    )
+    if experiment.capability is not None:
+        message.capability = experiment.capability
+    return message
+
+
+def tasks_from_proto(messages: Iterable[pb.Task]) -> list[Task]:
+    return [Task(key=m.key, features=dict(m.features)) for m in messages]
+
+
+def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> list[Outcome]:
+    return [Outcome(m.key, m.successes, m.trials) for m in messages]
+
+
+def batch_to_proto(batch: Batch) -> pb.Batch:
+    return pb.Batch(
+        batch_id=batch.batch_id,
+        step=batch.step,
+        keys=batch.keys,
+        request_key=batch.request_key,
+        lease_expire_time=timestamp(batch.lease_expire_time),
+    )
+
+
+def report_to_proto(result: ReportResult) -> pb.ReportOutcomesResponse:
+    message = pb.ReportOutcomesResponse(step=result.step, duplicate=result.duplicate)
+    if result.capability is not None:
+        message.capability = result.capability
+    return message
