@@ -158,7 +158,7 @@ def database(backend: str, directory: str | None = None) -> Iterator[str]:
                 for leftover in path.glob("bench.db*"):  # the file, -wal, -shm and the server's lock file
                     leftover.unlink(missing_ok=True)
     elif backend == "postgresql":
-        from tests.support.servers import create_pg_database, drop_pg_database
+        from bots_server.testing.postgres import create_pg_database, drop_pg_database
 
         url = create_pg_database(prefix="bots_bench")
         try:
@@ -170,14 +170,14 @@ def database(backend: str, directory: str | None = None) -> Iterator[str]:
 
 
 def postgres_available() -> bool:
-    from tests.support.servers import postgres_available as available
+    from bots_server.testing.postgres import postgres_available as available
 
     return available()
 
 
-def server_process(db_url: str, extra_args: Sequence[str] = ()):  # -> tests.support.servers.ServerProcess
+def server_process(db_url: str, extra_args: Sequence[str] = ()):  # -> bots_server.testing.processes.ServerProcess
     """`bots-server serve` as a child process on a free loopback port."""
-    from tests.support.servers import ServerProcess
+    from bots_server.testing.processes import ServerProcess
 
     return ServerProcess(db_url, extra_args=list(extra_args))
 

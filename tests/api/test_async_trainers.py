@@ -11,13 +11,6 @@ import bots_client
 from bots_client import ExperimentConfig, Task
 from bots_server.engine import EngineParams
 from bots_server.engine import PosteriorState, apply_outcomes
-from tests.support.servers import ServerProcess
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> bots_client.Client:
-    with bots_client.Client(server.address) as c:
-        yield c
 
 
 def test_out_of_order_reports_apply_in_arrival_order(client: bots_client.Client) -> None:

@@ -15,21 +15,8 @@ import bots_client
 from bots_client import ExperimentConfig, Task
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from tests.support.servers import ServerProcess
 
 Code = grpc.StatusCode
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> Iterator[bots_client.Client]:
-    with bots_client.Client(server.address, retry_timeout=2) as c:
-        yield c
-
-
-@pytest.fixture
-def stub(server: ServerProcess) -> Iterator[pb_grpc.TaskSelectorStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pb_grpc.TaskSelectorStub(channel)
 
 
 @pytest.fixture

@@ -13,15 +13,9 @@ import pytest
 
 import bots_client
 from bots_client import ExperimentConfig, Task
-from tests.support.servers import ServerProcess
+from tests.api.conftest import Endpoint
 
 _names = itertools.count()
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> bots_client.Client:
-    with bots_client.Client(server.address, retry_timeout=5) as c:
-        yield c
 
 
 def new_name() -> str:
@@ -72,14 +66,14 @@ def test_list_pages_through_every_experiment_and_delete_removes(client: bots_cli
     assert client.get_experiment(victim).num_tasks == 0
 
 
-def test_same_request_key_returns_the_same_batch(client: bots_client.Client) -> None:
+def test_same_request_key_returns_the_same_batch(client: bots_client.Client, endpoint: Endpoint) -> None:
     name = experiment(client)
     first = client.select_batch(name, 8, request_key="step-0")
     again = client.select_batch(name, 8, request_key="step-0")
     assert again == first
     assert len(set(first.keys)) == 8
     # Another rank asking with another client also gets it.
-    other = bots_client.Client(client.target)
+    other = endpoint.connect()
     assert other.select_batch(name, 8, request_key="step-0") == first
     other.close()
 
@@ -204,11 +198,11 @@ def test_snapshot_streams_large_pools_in_chunks(client: bots_client.Client) -> N
     assert np.all(snap.alpha == 1.0)
 
 
-def test_async_client_mirrors_the_sync_one(server: ServerProcess) -> None:
+def test_async_client_mirrors_the_sync_one(endpoint: Endpoint) -> None:
     import asyncio
 
     async def run() -> None:
-        async with bots_client.AsyncClient(server.address) as client:
+        async with endpoint.connect_async() as client:
             name = new_name()
             await client.create_experiment(name, ExperimentConfig(seed=3))
             assert await client.add_tasks(name, make_tasks(10)) == 10

@@ -15,12 +15,6 @@ from tests.support.servers import ServerProcess
 CONFIG = ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=9)
 
 
-@pytest.fixture
-def client(server: ServerProcess) -> bots_client.Client:
-    with bots_client.Client(server.address) as c:
-        yield c
-
-
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
