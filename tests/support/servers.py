@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bots_server.testing.postgres import PG_ADMIN_DSN, create_pg_database, drop_pg_database, postgres_available
+from bots_server.testing.postgres import (
+    PG_ADMIN_DSN,
+    create_pg_database,
+    drop_pg_database,
+    load_pg_dump,
+    pg_conninfo,
+    postgres_available,
+)
 from bots_server.testing.processes import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,6 +26,8 @@ __all__ = [
     "ServerProcess",
     "create_pg_database",
     "drop_pg_database",
+    "load_pg_dump",
+    "pg_conninfo",
     "postgres_available",
     "require_postgres",
 ]

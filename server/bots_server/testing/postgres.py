@@ -4,7 +4,9 @@ default 127.0.0.1:5432, user postgres)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
+from pathlib import Path
 
 import psycopg
 
@@ -32,3 +34,16 @@ def drop_pg_database(url: str) -> None:
     name = url.rsplit("/", 1)[1]
     with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pg_conninfo(url: str) -> str:
+    """The libpq connection string of a database made by create_pg_database."""
+    return psycopg.conninfo.make_conninfo(PG_ADMIN_DSN, dbname=url.rsplit("/", 1)[1])
+
+
+def load_pg_dump(url: str, path: Path) -> None:
+    """Run a plain-format pg_dump file into a database with psql, stopping at the first error."""
+    subprocess.run(
+        ["psql", "--quiet", "--no-psqlrc", "--set=ON_ERROR_STOP=1", f"--file={path}", pg_conninfo(url)],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
