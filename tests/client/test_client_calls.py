@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import bots_client
+import grpc
 import pytest
 from bots_client import Batch, Experiment, ExperimentConfig, Snapshot, Task, _convert
 from bots_client.proto import bots_pb2 as pb
@@ -135,6 +136,24 @@ def test_sync_and_async_clients_give_equal_results(new_server: Callable[[], Serv
     assert results["list by 2"] == results["list"]  # 3 pages of at most 2
     assert results["get deleted"][0] is bots_client.NotFoundError
     assert sorted(e.name for e in results["list by 2 after delete"]) == sorted(set(names) - {"forked"})
+
+
+def test_clients_on_a_given_channel(new_server: Callable[[], ServerProcess]) -> None:
+    address = new_server().address
+    channel = grpc.insecure_channel(address)
+    with bots_client.Client("", channel=channel) as client:
+        assert client.create_experiment("on-channel", CONFIG).config == CONFIG
+        assert [e.name for e in client.list_experiments()] == ["on-channel"]
+    with pytest.raises(ValueError, match="closed channel"):  # close() closed the given channel
+        channel.unary_unary("/bots.v1.TaskSelector/GetExperiment")(b"")
+
+    async def on_aio_channel() -> Experiment:
+        async with bots_client.AsyncClient("", channel=grpc.aio.insecure_channel(address)) as client:
+            return await client.create_experiment("on-aio-channel", CONFIG)
+
+    assert asyncio.run(on_aio_channel()).config == CONFIG
+    with pytest.raises(ValueError, match="credentials"):
+        bots_client.Client("", channel=channel, credentials=grpc.local_channel_credentials())
 
 
 def test_strategies_and_selection_modes_are_the_proto_enum_values() -> None:

@@ -17,7 +17,8 @@ T = TypeVar("T")
 
 
 class AsyncClient:
-    """See Client: same deadlines, retries and errors."""
+    """See Client: the same calls as coroutines, with the same deadlines,
+    retries, errors and `channel` (here a grpc.aio.Channel)."""
 
     def __init__(
         self,
@@ -28,13 +29,18 @@ class AsyncClient:
         retry_timeout: float = 60.0,
         credentials: grpc.ChannelCredentials | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.bulk_timeout = bulk_timeout
         self.retry_timeout = retry_timeout
         self._metadata = tuple(metadata)
-        if credentials is None:
+        if channel is not None:
+            if credentials is not None:
+                raise ValueError("credentials apply to a channel the client opens, not to a given channel")
+            self._channel = channel
+        elif credentials is None:
             self._channel = grpc.aio.insecure_channel(target, options=_driver.CHANNEL_OPTIONS)
         else:
             self._channel = grpc.aio.secure_channel(target, credentials, options=_driver.CHANNEL_OPTIONS)

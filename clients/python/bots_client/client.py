@@ -25,6 +25,11 @@ class Client:
     restart or a short database outage is ridden through. Retries are safe:
     selects carry a request key and a batch is applied once. Errors raise
     BotsError subclasses.
+
+    `channel`: an open grpc.Channel to use as is instead of one to `target`
+    (which then only names the server and may be ""), e.g. an in-process
+    channel of a test harness; `credentials` must not be given with it.
+    close() closes it.
     """
 
     def __init__(
@@ -36,13 +41,18 @@ class Client:
         retry_timeout: float = 60.0,
         credentials: grpc.ChannelCredentials | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        channel: grpc.Channel | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.bulk_timeout = bulk_timeout
         self.retry_timeout = retry_timeout
         self._metadata = tuple(metadata)
-        if credentials is None:
+        if channel is not None:
+            if credentials is not None:
+                raise ValueError("credentials apply to a channel the client opens, not to a given channel")
+            self._channel = channel
+        elif credentials is None:
             self._channel = grpc.insecure_channel(target, options=_driver.CHANNEL_OPTIONS)
         else:
             self._channel = grpc.secure_channel(target, credentials, options=_driver.CHANNEL_OPTIONS)
