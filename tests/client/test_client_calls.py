@@ -63,8 +63,11 @@ def scenario(run: Run) -> dict[str, Any]:
     call("fork", "fork_experiment", "exp", "forked", OTHER_CONFIG)
     call("restore", "restore_experiment", "restored", snapshot)
     call("get", "get_experiment", "restored")
+    call("get_or_create new", "get_or_create_experiment", "resumed", CONFIG)
+    call("get_or_create same config", "get_or_create_experiment", "resumed", CONFIG)
+    call("get_or_create no config", "get_or_create_experiment", "resumed")
+    call("get_or_create other config", "get_or_create_experiment", "resumed", OTHER_CONFIG)
     call("create default", "create_experiment", "default")
-    call("create other", "create_experiment", "other", OTHER_CONFIG)
     call("list", "list_experiments")
     call("list by 2", "list_experiments", 2)
     call("delete", "delete_experiment", "forked")
@@ -131,7 +134,14 @@ def test_sync_and_async_clients_give_equal_results(new_server: Callable[[], Serv
     assert results["select again"] == results["select"]
     assert results["report again"] == dataclasses.replace(results["report"], duplicate=True)
     assert results["get"].num_tasks == len(TASKS) and results["get"].step == 1
-    names = ["exp", "forked", "restored", "default", "other"]
+    created = results["get_or_create new"]
+    assert created.name == "resumed" and created.config == CONFIG
+    assert results["get_or_create same config"] == results["get_or_create no config"] == created
+    error_class, code, message = results["get_or_create other config"]
+    assert error_class is bots_client.ConfigMismatchError and code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "forgetting: requested 0.2, existing 0.1" in message and "seed: requested 4, existing 3" in message
+    assert "temperature" not in message
+    names = ["exp", "forked", "restored", "resumed", "default"]
     assert sorted(e.name for e in results["list"]) == sorted(names)
     assert results["list by 2"] == results["list"]  # 3 pages of at most 2
     assert results["get deleted"][0] is bots_client.NotFoundError
@@ -142,14 +152,14 @@ def test_clients_on_a_given_channel(new_server: Callable[[], ServerProcess]) -> 
     address = new_server().address
     channel = grpc.insecure_channel(address)
     with bots_client.Client("", channel=channel) as client:
-        assert client.create_experiment("on-channel", CONFIG).config == CONFIG
+        assert client.get_or_create_experiment("on-channel", CONFIG).config == CONFIG
         assert [e.name for e in client.list_experiments()] == ["on-channel"]
     with pytest.raises(ValueError, match="closed channel"):  # close() closed the given channel
         channel.unary_unary("/bots.v1.TaskSelector/GetExperiment")(b"")
 
     async def on_aio_channel() -> Experiment:
         async with bots_client.AsyncClient("", channel=grpc.aio.insecure_channel(address)) as client:
-            return await client.create_experiment("on-aio-channel", CONFIG)
+            return await client.get_or_create_experiment("on-channel", CONFIG)
 
     assert asyncio.run(on_aio_channel()).config == CONFIG
     with pytest.raises(ValueError, match="credentials"):

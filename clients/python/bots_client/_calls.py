@@ -2,13 +2,15 @@
 
 A call is a generator: it yields an Rpc (which stub method, with which
 request), is sent the response, and returns the call's result. A call may make
-several RPCs (list_experiments pages). Client and AsyncClient each run these
-descriptions with a driver of their own, which sends the RPC with its deadline,
-retries it on UNAVAILABLE and throws a failure into the generator as a BotsError.
+several RPCs (list_experiments pages, get_or_create_experiment falls back to a
+get). Client and AsyncClient each run these descriptions with a driver of their
+own, which sends the RPC with its deadline, retries it on UNAVAILABLE and throws
+a failure into the generator as a BotsError.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ import numpy as np
 from google.protobuf.message import Message
 
 from bots_client import _convert
+from bots_client.errors import AlreadyExistsError, ConfigMismatchError
 from bots_client.proto import bots_pb2 as pb
 from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
 
@@ -56,6 +59,26 @@ def create_experiment(name: str, config: ExperimentConfig | None) -> Call[Experi
 
 def get_experiment(name: str) -> Call[Experiment]:
     return _convert.experiment_from_proto((yield Rpc("GetExperiment", pb.GetExperimentRequest(name=name))))
+
+
+def get_or_create_experiment(name: str, config: ExperimentConfig | None) -> Call[Experiment]:
+    try:
+        return (yield from create_experiment(name, config))
+    except AlreadyExistsError:
+        pass  # a resumed run (or a retry of our own create whose answer was lost)
+    experiment = yield from get_experiment(name)
+    if config is not None and (differences := config_differences(config, experiment.config)):
+        raise ConfigMismatchError(f"experiment {name!r} exists with another config: {'; '.join(differences)}")
+    return experiment
+
+
+def config_differences(requested: ExperimentConfig, existing: ExperimentConfig) -> list[str]:
+    """Each field the configs differ in, as "field: requested X, existing Y"."""
+    return [
+        f"{field.name}: requested {getattr(requested, field.name)!r}, existing {getattr(existing, field.name)!r}"
+        for field in dataclasses.fields(ExperimentConfig)
+        if getattr(requested, field.name) != getattr(existing, field.name)
+    ]
 
 
 def list_experiments(page_size: int) -> Call[list[Experiment]]:

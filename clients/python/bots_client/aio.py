@@ -90,6 +90,10 @@ class AsyncClient:
         """See Client.create_experiment."""
         return await self._run(_calls.create_experiment(name, config))
 
+    async def get_or_create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
+        """See Client.get_or_create_experiment."""
+        return await self._run(_calls.get_or_create_experiment(name, config))
+
     async def get_experiment(self, name: str) -> Experiment:
         """See Client.get_experiment."""
         return await self._run(_calls.get_experiment(name))

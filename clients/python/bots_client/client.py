@@ -103,6 +103,13 @@ class Client:
         A name already taken raises AlreadyExistsError."""
         return self._run(_calls.create_experiment(name, config))
 
+    def get_or_create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
+        """The experiment `name`, created if it does not exist yet: what a
+        trainer calls on start, so that it resumes after a crash or restart.
+        If it exists and `config` is given, its config must equal `config`,
+        else ConfigMismatchError names every field that differs."""
+        return self._run(_calls.get_or_create_experiment(name, config))
+
     def get_experiment(self, name: str) -> Experiment:
         """The experiment's config, step, task count and open batches."""
         return self._run(_calls.get_experiment(name))
