@@ -13,6 +13,7 @@ from bots_client.client import Client
 from bots_client.errors import (
     AlreadyExistsError,
     BotsError,
+    ConfigMismatchError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -30,6 +31,7 @@ __all__ = [
     "Batch",
     "BotsError",
     "Client",
+    "ConfigMismatchError",
     "DeadlineExceededError",
     "Experiment",
     "ExperimentConfig",

@@ -1,49 +1,143 @@
-"""What the sync and async clients share: request building, response
-assembly, chunking and the retry schedule."""
+"""Every call of the client, described once and free of I/O.
+
+A call is a generator: it yields an Rpc (which stub method, with which
+request), is sent the response, and returns the call's result. A call may make
+several RPCs (list_experiments pages, get_or_create_experiment falls back to a
+get). Client and AsyncClient each run these descriptions with a driver of their
+own, which sends the RPC with its deadline, retries it on UNAVAILABLE and throws
+a failure into the generator as a BotsError.
+"""
 
 from __future__ import annotations
 
-import random
+import dataclasses
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
+from google.protobuf.message import Message
 
 from bots_client import _convert
+from bots_client.errors import AlreadyExistsError, ConfigMismatchError
 from bots_client.proto import bots_pb2 as pb
-from bots_client.types import ExperimentConfig, Snapshot, Task
+from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
+
+T = TypeVar("T")
 
 # Each AddTasks message stays far below gRPC's 4 MB default limit.
 ADD_TASKS_CHUNK_BYTES = 1 << 20
 
 OutcomeValue = tuple[float, int]
 
-# Reconnect quickly after a server restart (gRPC's default backoff grows to
-# 120 s, longer than a pod restart); retries are bounded by retry_timeout.
-CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-)
+
+@dataclass(frozen=True)
+class Rpc:
+    """One RPC of a call. The driver answers with the response message, or
+    with the list of them for a server-streaming method."""
+
+    method: str  # the TaskSelectorStub attribute, e.g. "GetExperiment"
+    request: Message | Sequence[Message]  # a sequence: the stream of a client-streaming method
+    streams_response: bool = False
+    bulk: bool = False  # moves a whole experiment: bulk_timeout applies instead of timeout
+
+    def stub_argument(self) -> Message | Iterator[Message]:
+        """The stub method's argument, fresh for every attempt: a retried
+        client stream starts again from its first message."""
+        return self.request if isinstance(self.request, Message) else iter(self.request)
 
 
-Metadata = tuple[tuple[str, str], ...]
-REQUEST_ID_KEY = "x-request-id"
+# Yields the RPCs, is sent their responses, returns the result.
+Call: TypeAlias = Generator[Rpc, Any, T]
 
 
-def with_request_id(metadata: Metadata) -> tuple[str, Metadata]:
-    """A fresh request id (kept across retries of one call, so the server's
-    log lines of every attempt share it) and the metadata carrying it."""
-    request_id = uuid.uuid4().hex
-    return request_id, ((REQUEST_ID_KEY, request_id), *metadata)
+def create_experiment(name: str, config: ExperimentConfig | None) -> Call[Experiment]:
+    request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(config or ExperimentConfig()))
+    return _convert.experiment_from_proto((yield Rpc("CreateExperiment", request)))
 
 
-def request_key(given: str | None) -> str:
-    """Every select carries a key, so a retried call cannot select twice."""
-    return given if given else f"auto-{uuid.uuid4().hex}"
+def get_experiment(name: str) -> Call[Experiment]:
+    return _convert.experiment_from_proto((yield Rpc("GetExperiment", pb.GetExperimentRequest(name=name))))
 
 
-def task_chunks(experiment: str, tasks: Iterable[Task], chunk_bytes: int = ADD_TASKS_CHUNK_BYTES) -> list[pb.AddTasksRequest]:
+def get_or_create_experiment(name: str, config: ExperimentConfig | None) -> Call[Experiment]:
+    try:
+        return (yield from create_experiment(name, config))
+    except AlreadyExistsError:
+        pass  # a resumed run (or a retry of our own create whose answer was lost)
+    experiment = yield from get_experiment(name)
+    if config is not None and (differences := config_differences(config, experiment.config)):
+        raise ConfigMismatchError(f"experiment {name!r} exists with another config: {'; '.join(differences)}")
+    return experiment
+
+
+def config_differences(requested: ExperimentConfig, existing: ExperimentConfig) -> list[str]:
+    """Each field the configs differ in, as "field: requested X, existing Y"."""
+    return [
+        f"{field.name}: requested {getattr(requested, field.name)!r}, existing {getattr(existing, field.name)!r}"
+        for field in dataclasses.fields(ExperimentConfig)
+        if getattr(requested, field.name) != getattr(existing, field.name)
+    ]
+
+
+def list_experiments(page_size: int) -> Call[list[Experiment]]:
+    experiments: list[Experiment] = []
+    token = ""
+    while True:
+        page = yield Rpc("ListExperiments", pb.ListExperimentsRequest(page_size=page_size, page_token=token))
+        experiments.extend(_convert.experiment_from_proto(e) for e in page.experiments)
+        token = page.next_page_token
+        if not token:
+            return experiments
+
+
+def delete_experiment(name: str) -> Call[None]:
+    yield Rpc("DeleteExperiment", pb.DeleteExperimentRequest(name=name))
+
+
+def fork_experiment(source: str, name: str, config: ExperimentConfig | None) -> Call[Experiment]:
+    request = pb.ForkExperimentRequest(source=source, name=name)
+    if config is not None:
+        request.config.CopyFrom(_convert.config_to_proto(config))
+    return _convert.experiment_from_proto((yield Rpc("ForkExperiment", request)))
+
+
+def restore_experiment(name: str, snapshot: Snapshot, config: ExperimentConfig | None, source: str) -> Call[Experiment]:
+    requests = restore_chunks(name, snapshot, config, source)
+    return _convert.experiment_from_proto((yield Rpc("RestoreExperiment", requests, bulk=True)))
+
+
+def add_tasks(experiment: str, tasks: Iterable[Task]) -> Call[int]:
+    response = yield Rpc("AddTasks", task_chunks(experiment, tasks), bulk=True)
+    return int(response.num_tasks)
+
+
+def select_batch(experiment: str, batch_size: int, request_key: str | None) -> Call[Batch]:
+    # Every select carries a key, so a retried call cannot select twice.
+    key = request_key or f"auto-{uuid.uuid4().hex}"
+    request = pb.SelectBatchRequest(experiment=experiment, batch_size=batch_size, request_key=key)
+    return _convert.batch_from_proto((yield Rpc("SelectBatch", request)))
+
+
+def report_outcomes(experiment: str, batch_id: str, outcomes: Mapping[str, OutcomeValue]) -> Call[ReportResult]:
+    request = pb.ReportOutcomesRequest(
+        experiment=experiment,
+        batch_id=batch_id,
+        outcomes=[pb.Outcome(key=k, successes=float(s), trials=int(n)) for k, (s, n) in outcomes.items()],
+    )
+    return _convert.report_from_proto((yield Rpc("ReportOutcomes", request)))
+
+
+def snapshot(experiment: str, include_features: bool) -> Call[Snapshot]:
+    request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
+    chunks = yield Rpc("Snapshot", request, streams_response=True, bulk=True)
+    return snapshot_from_chunks(chunks, include_features)
+
+
+def task_chunks(
+    experiment: str, tasks: Iterable[Task], chunk_bytes: int = ADD_TASKS_CHUNK_BYTES
+) -> list[pb.AddTasksRequest]:
     chunks: list[pb.AddTasksRequest] = []
     current = pb.AddTasksRequest(experiment=experiment)
     size = 0
@@ -57,14 +151,6 @@ def task_chunks(experiment: str, tasks: Iterable[Task], chunk_bytes: int = ADD_T
         size += task_size
     chunks.append(current)
     return chunks
-
-
-def report_request(experiment: str, batch_id: str, outcomes: Mapping[str, OutcomeValue]) -> pb.ReportOutcomesRequest:
-    return pb.ReportOutcomesRequest(
-        experiment=experiment,
-        batch_id=batch_id,
-        outcomes=[pb.Outcome(key=k, successes=float(s), trials=int(n)) for k, (s, n) in outcomes.items()],
-    )
 
 
 def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: bool) -> Snapshot:
@@ -92,7 +178,11 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
 
 
 def restore_chunks(
-    name: str, snapshot: Snapshot, config: ExperimentConfig | None, source: str, chunk_bytes: int = ADD_TASKS_CHUNK_BYTES
+    name: str,
+    snapshot: Snapshot,
+    config: ExperimentConfig | None,
+    source: str,
+    chunk_bytes: int = ADD_TASKS_CHUNK_BYTES,
 ) -> list[pb.RestoreExperimentRequest]:
     """The RestoreExperiment stream for a snapshot taken with include_features=True."""
     if snapshot.features is None:
@@ -118,11 +208,3 @@ def restore_chunks(
         current.features.append(pb.Features(values=f))
         size += task_size
     return chunks
-
-
-def backoff(initial: float = 0.1, maximum: float = 2.0) -> Iterator[float]:
-    """Exponential backoff with full jitter."""
-    delay = initial
-    while True:
-        yield random.uniform(0, delay)
-        delay = min(delay * 2, maximum)

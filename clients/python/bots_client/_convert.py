@@ -12,39 +12,35 @@ from collections.abc import Iterable
 from google.protobuf import timestamp_pb2
 
 from bots_client.proto import bots_pb2 as pb
-from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Task
+from bots_client.types import (
+    SELECTION_MODE_NUMBERS,
+    STRATEGY_NUMBERS,
+    Batch,
+    Experiment,
+    ExperimentConfig,
+    ReportResult,
+    Task,
+)
 
 _DEFAULTS = ExperimentConfig()
-_OPTIONAL_FIELDS = (
-    "target_success",
-    "forgetting",
-    "implicit_weight",
-    "rollouts_per_task",
-    "temperature",
-    "prior_alpha",
-    "prior_beta",
-    "seed",
-    "lease_ttl_seconds",
-    "capability_ema",
-)
-_STRATEGY_TO_PB = {"bots": pb.STRATEGY_BOTS, "mopps": pb.STRATEGY_MOPPS, "uniform": pb.STRATEGY_UNIFORM}
-_STRATEGY_FROM_PB = {v: k for k, v in _STRATEGY_TO_PB.items()} | {pb.STRATEGY_UNSPECIFIED: _DEFAULTS.strategy}
-_MODE_TO_PB = {
-    "thompson": pb.SELECTION_MODE_THOMPSON,
-    "mean": pb.SELECTION_MODE_MEAN,
-    "softmax": pb.SELECTION_MODE_SOFTMAX,
+# The `optional` fields of the proto config: unset, they take the dataclass default.
+_OPTIONAL_FIELDS = tuple(f.name for f in pb.ExperimentConfig.DESCRIPTOR.fields if f.has_presence)
+_STRATEGY_FROM_PB = {v: k for k, v in STRATEGY_NUMBERS.items()} | {pb.STRATEGY_UNSPECIFIED: _DEFAULTS.strategy}
+_MODE_FROM_PB = {v: k for k, v in SELECTION_MODE_NUMBERS.items()} | {
+    pb.SELECTION_MODE_UNSPECIFIED: _DEFAULTS.selection_mode
 }
-_MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()} | {pb.SELECTION_MODE_UNSPECIFIED: _DEFAULTS.selection_mode}
 
 
 def config_to_proto(config: ExperimentConfig) -> pb.ExperimentConfig:
-    if config.strategy not in _STRATEGY_TO_PB:
-        raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {sorted(_STRATEGY_TO_PB)}")
-    if config.selection_mode not in _MODE_TO_PB:
-        raise ValueError(f"unknown selection_mode {config.selection_mode!r}; expected one of {sorted(_MODE_TO_PB)}")
+    if config.strategy not in STRATEGY_NUMBERS:
+        raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {sorted(STRATEGY_NUMBERS)}")
+    if config.selection_mode not in SELECTION_MODE_NUMBERS:
+        raise ValueError(
+            f"unknown selection_mode {config.selection_mode!r}; expected one of {sorted(SELECTION_MODE_NUMBERS)}"
+        )
     message = pb.ExperimentConfig(
-        strategy=_STRATEGY_TO_PB[config.strategy],
-        selection_mode=_MODE_TO_PB[config.selection_mode],
+        strategy=STRATEGY_NUMBERS[config.strategy],
+        selection_mode=SELECTION_MODE_NUMBERS[config.selection_mode],
         weak_feature=config.weak_feature,
         strong_feature=config.strong_feature,
     )
@@ -75,7 +71,7 @@ def config_from_proto(message: pb.ExperimentConfig) -> ExperimentConfig:
 
 def timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
     message = timestamp_pb2.Timestamp()
-    message.FromDatetime(value.astimezone(dt.timezone.utc))
+    message.FromDatetime(value.astimezone(dt.UTC))
     return message
 
 
@@ -87,7 +83,7 @@ def experiment_from_proto(message: pb.Experiment) -> Experiment:
         num_tasks=message.num_tasks,
         open_batches=message.open_batches,
         capability=message.capability if message.HasField("capability") else None,
-        create_time=message.create_time.ToDatetime(tzinfo=dt.timezone.utc),
+        create_time=message.create_time.ToDatetime(tzinfo=dt.UTC),
         forked_from=message.forked_from or None,
         forked_at_step=message.forked_at_step if message.forked_from else None,
     )
@@ -123,7 +119,7 @@ def batch_from_proto(message: pb.Batch) -> Batch:
         step=message.step,
         keys=list(message.keys),
         request_key=message.request_key,
-        lease_expire_time=message.lease_expire_time.ToDatetime(tzinfo=dt.timezone.utc),
+        lease_expire_time=message.lease_expire_time.ToDatetime(tzinfo=dt.UTC),
     )
 
 

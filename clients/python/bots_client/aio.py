@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Self, TypeVar
 
 import grpc
 
-from bots_client import _calls, _convert
-from bots_client.proto import bots_pb2 as pb
+from bots_client import _calls, _driver
+from bots_client.errors import BotsError, from_rpc_error
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from bots_client.errors import from_rpc_error
 from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
 
 T = TypeVar("T")
 
 
 class AsyncClient:
-    """See Client: same deadlines, retries and errors."""
+    """See Client: the same calls as coroutines, with the same deadlines,
+    retries, errors and `channel` (here a grpc.aio.Channel)."""
 
     def __init__(
         self,
@@ -30,112 +29,107 @@ class AsyncClient:
         retry_timeout: float = 60.0,
         credentials: grpc.ChannelCredentials | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.bulk_timeout = bulk_timeout
         self.retry_timeout = retry_timeout
         self._metadata = tuple(metadata)
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(target, options=_calls.CHANNEL_OPTIONS)
+        if channel is not None:
+            if credentials is not None:
+                raise ValueError("credentials apply to a channel the client opens, not to a given channel")
+            self._channel = channel
+        elif credentials is None:
+            self._channel = grpc.aio.insecure_channel(target, options=_driver.CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.aio.secure_channel(target, credentials, options=_calls.CHANNEL_OPTIONS)
+            self._channel = grpc.aio.secure_channel(target, credentials, options=_driver.CHANNEL_OPTIONS)
         self._stub = pb_grpc.TaskSelectorStub(self._channel)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(grace=None)
 
-    async def __aenter__(self) -> AsyncClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, fn: Callable[[float, _calls.Metadata], Awaitable[T]], timeout: float | None = None) -> T:
-        request_id, metadata = _calls.with_request_id(self._metadata)
-        deadline = time.monotonic() + self.retry_timeout
-        for delay in _calls.backoff():
+    async def _run(self, call: _calls.Call[T]) -> T:
+        """The driver: sends each RPC the call yields and sends the response
+        back into it, or throws the failure in as a BotsError."""
+        request_id, metadata = _driver.with_request_id(self._metadata)
+        try:
+            rpc = next(call)
+            while True:
+                try:
+                    response = await self._send(rpc, request_id, metadata)
+                except BotsError as error:
+                    rpc = call.throw(error)
+                else:
+                    rpc = call.send(response)
+        except StopIteration as done:
+            return done.value
+
+    async def _send(self, rpc: _calls.Rpc, request_id: str, metadata: _driver.Metadata) -> Any:
+        """One RPC with its deadline, retried on UNAVAILABLE."""
+        timeout = self.bulk_timeout if rpc.bulk else self.timeout
+        retries = _driver.Retries(self.retry_timeout)
+        while True:
             try:
-                return await fn(self.timeout if timeout is None else timeout, metadata)
+                response = getattr(self._stub, rpc.method)(rpc.stub_argument(), timeout=timeout, metadata=metadata)
+                # A stream's failure surfaces while it is read: read it inside the retry.
+                return [m async for m in response] if rpc.streams_response else await response
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
+                delay = retries.delay_after(e.code())
+                if delay is None:
                     raise from_rpc_error(e, request_id) from None
             await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
 
     async def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
-        request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(config or ExperimentConfig()))
-        response = await self._call(lambda t, md: self._stub.CreateExperiment(request, timeout=t, metadata=md))
-        return _convert.experiment_from_proto(response)
+        """See Client.create_experiment."""
+        return await self._run(_calls.create_experiment(name, config))
+
+    async def get_or_create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
+        """See Client.get_or_create_experiment."""
+        return await self._run(_calls.get_or_create_experiment(name, config))
 
     async def get_experiment(self, name: str) -> Experiment:
-        request = pb.GetExperimentRequest(name=name)
-        response = await self._call(lambda t, md: self._stub.GetExperiment(request, timeout=t, metadata=md))
-        return _convert.experiment_from_proto(response)
+        """See Client.get_experiment."""
+        return await self._run(_calls.get_experiment(name))
 
     async def list_experiments(self, page_size: int = 0) -> list[Experiment]:
-        experiments: list[Experiment] = []
-        token = ""
-        while True:
-            request = pb.ListExperimentsRequest(page_size=page_size, page_token=token)
-            response = await self._call(
-                lambda t, md: self._stub.ListExperiments(request, timeout=t, metadata=md)
-            )
-            experiments.extend(_convert.experiment_from_proto(e) for e in response.experiments)
-            token = response.next_page_token
-            if not token:
-                return experiments
+        """See Client.list_experiments."""
+        return await self._run(_calls.list_experiments(page_size))
 
     async def delete_experiment(self, name: str) -> None:
-        request = pb.DeleteExperimentRequest(name=name)
-        await self._call(lambda t, md: self._stub.DeleteExperiment(request, timeout=t, metadata=md))
+        """See Client.delete_experiment."""
+        return await self._run(_calls.delete_experiment(name))
 
     async def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None = None) -> Experiment:
-        """A new experiment with the source's tasks, posterior and step, and
-        its config unless `config` is given (e.g. to branch an ablation)."""
-        request = pb.ForkExperimentRequest(source=source, name=name)
-        if config is not None:
-            request.config.CopyFrom(_convert.config_to_proto(config))
-        response = await self._call(lambda t, md: self._stub.ForkExperiment(request, timeout=t, metadata=md))
-        return _convert.experiment_from_proto(response)
+        """See Client.fork_experiment."""
+        return await self._run(_calls.fork_experiment(source, name, config))
 
     async def restore_experiment(
         self, name: str, snapshot: Snapshot, config: ExperimentConfig | None = None, source: str = ""
     ) -> Experiment:
-        """A new experiment from a snapshot (taken with include_features=True,
-        possibly from another server): same tasks, posterior and step."""
-        chunks = _calls.restore_chunks(name, snapshot, config, source)
-        response = await self._call(
-            lambda t, md: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
-        )
-        return _convert.experiment_from_proto(response)
+        """See Client.restore_experiment."""
+        return await self._run(_calls.restore_experiment(name, snapshot, config, source))
 
     async def add_tasks(self, experiment: str, tasks: Iterable[Task]) -> int:
-        chunks = _calls.task_chunks(experiment, tasks)
-        response = await self._call(
-            lambda t, md: self._stub.AddTasks(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
-        )
-        return int(response.num_tasks)
+        """See Client.add_tasks."""
+        return await self._run(_calls.add_tasks(experiment, tasks))
 
     async def select_batch(self, experiment: str, batch_size: int, request_key: str | None = None) -> Batch:
-        request = pb.SelectBatchRequest(
-            experiment=experiment, batch_size=batch_size, request_key=_calls.request_key(request_key)
-        )
-        response = await self._call(lambda t, md: self._stub.SelectBatch(request, timeout=t, metadata=md))
-        return _convert.batch_from_proto(response)
+        """See Client.select_batch."""
+        return await self._run(_calls.select_batch(experiment, batch_size, request_key))
 
     async def report_outcomes(
         self, experiment: str, batch_id: str, outcomes: Mapping[str, _calls.OutcomeValue]
     ) -> ReportResult:
-        request = _calls.report_request(experiment, batch_id, outcomes)
-        response = await self._call(lambda t, md: self._stub.ReportOutcomes(request, timeout=t, metadata=md))
-        return _convert.report_from_proto(response)
+        """See Client.report_outcomes."""
+        return await self._run(_calls.report_outcomes(experiment, batch_id, outcomes))
 
     async def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
-        request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
-
-        async def fetch(t: float, md: tuple[tuple[str, str], ...]) -> Snapshot:
-            chunks = [c async for c in self._stub.Snapshot(request, timeout=t, metadata=md)]
-            return _calls.snapshot_from_chunks(chunks, include_features)
-
-        return await self._call(fetch, self.bulk_timeout)
+        """See Client.snapshot."""
+        return await self._run(_calls.snapshot(experiment, include_features))

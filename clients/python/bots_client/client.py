@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Self, TypeVar
 
 import grpc
 
-from bots_client import _calls, _convert
-from bots_client.proto import bots_pb2 as pb
+from bots_client import _calls, _driver
+from bots_client.errors import BotsError, from_rpc_error
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from bots_client.errors import from_rpc_error
 from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
 
 T = TypeVar("T")
@@ -21,10 +20,16 @@ class Client:
     """A connection to a BOTS server.
 
     Every call has a deadline (`timeout` seconds; `bulk_timeout` for
-    add_tasks and snapshot) and is retried on UNAVAILABLE with exponential
-    backoff for up to `retry_timeout` seconds, so a server restart or a short
-    database outage is ridden through. Retries are safe: selects carry a
-    request key and a batch is applied once. Errors raise BotsError subclasses.
+    add_tasks, restore_experiment and snapshot) and is retried on UNAVAILABLE
+    with exponential backoff for up to `retry_timeout` seconds, so a server
+    restart or a short database outage is ridden through. Retries are safe:
+    selects carry a request key and a batch is applied once. Errors raise
+    BotsError subclasses.
+
+    `channel`: an open grpc.Channel to use as is instead of one to `target`
+    (which then only names the server and may be ""), e.g. an in-process
+    channel of a test harness; `credentials` must not be given with it.
+    close() closes it.
     """
 
     def __init__(
@@ -36,119 +41,116 @@ class Client:
         retry_timeout: float = 60.0,
         credentials: grpc.ChannelCredentials | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        channel: grpc.Channel | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.bulk_timeout = bulk_timeout
         self.retry_timeout = retry_timeout
         self._metadata = tuple(metadata)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=_calls.CHANNEL_OPTIONS)
+        if channel is not None:
+            if credentials is not None:
+                raise ValueError("credentials apply to a channel the client opens, not to a given channel")
+            self._channel = channel
+        elif credentials is None:
+            self._channel = grpc.insecure_channel(target, options=_driver.CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.secure_channel(target, credentials, options=_calls.CHANNEL_OPTIONS)
+            self._channel = grpc.secure_channel(target, credentials, options=_driver.CHANNEL_OPTIONS)
         self._stub = pb_grpc.TaskSelectorStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, fn: Callable[[float, _calls.Metadata], T], timeout: float | None = None) -> T:
-        """fn(timeout, metadata), retried on UNAVAILABLE; one request id for all attempts."""
-        request_id, metadata = _calls.with_request_id(self._metadata)
-        deadline = time.monotonic() + self.retry_timeout
-        for delay in _calls.backoff():
+    def _run(self, call: _calls.Call[T]) -> T:
+        """The driver: sends each RPC the call yields and sends the response
+        back into it, or throws the failure in as a BotsError."""
+        request_id, metadata = _driver.with_request_id(self._metadata)
+        try:
+            rpc = next(call)
+            while True:
+                try:
+                    response = self._send(rpc, request_id, metadata)
+                except BotsError as error:
+                    rpc = call.throw(error)
+                else:
+                    rpc = call.send(response)
+        except StopIteration as done:
+            return done.value
+
+    def _send(self, rpc: _calls.Rpc, request_id: str, metadata: _driver.Metadata) -> Any:
+        """One RPC with its deadline, retried on UNAVAILABLE."""
+        timeout = self.bulk_timeout if rpc.bulk else self.timeout
+        retries = _driver.Retries(self.retry_timeout)
+        while True:
             try:
-                return fn(self.timeout if timeout is None else timeout, metadata)
+                response = getattr(self._stub, rpc.method)(rpc.stub_argument(), timeout=timeout, metadata=metadata)
+                # A stream's failure surfaces while it is read: read it inside the retry.
+                return list(response) if rpc.streams_response else response
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > deadline:
+                delay = retries.delay_after(e.code())
+                if delay is None:
                     raise from_rpc_error(e, request_id) from None
             time.sleep(delay)
-        raise AssertionError("unreachable")
 
     def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
-        request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(config or ExperimentConfig()))
-        response = self._call(lambda t, md: self._stub.CreateExperiment(request, timeout=t, metadata=md))
-        return _convert.experiment_from_proto(response)
+        """A new experiment; fields of `config` left unset take the defaults.
+        A name already taken raises AlreadyExistsError."""
+        return self._run(_calls.create_experiment(name, config))
+
+    def get_or_create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
+        """The experiment `name`, created if it does not exist yet: what a
+        trainer calls on start, so that it resumes after a crash or restart.
+        If it exists and `config` is given, its config must equal `config`,
+        else ConfigMismatchError names every field that differs."""
+        return self._run(_calls.get_or_create_experiment(name, config))
 
     def get_experiment(self, name: str) -> Experiment:
-        request = pb.GetExperimentRequest(name=name)
-        response = self._call(lambda t, md: self._stub.GetExperiment(request, timeout=t, metadata=md))
-        return _convert.experiment_from_proto(response)
+        """The experiment's config, step, task count and open batches."""
+        return self._run(_calls.get_experiment(name))
 
     def list_experiments(self, page_size: int = 0) -> list[Experiment]:
         """All experiments, fetched page by page."""
-        experiments: list[Experiment] = []
-        token = ""
-        while True:
-            request = pb.ListExperimentsRequest(page_size=page_size, page_token=token)
-            response = self._call(lambda t, md: self._stub.ListExperiments(request, timeout=t, metadata=md))
-            experiments.extend(_convert.experiment_from_proto(e) for e in response.experiments)
-            token = response.next_page_token
-            if not token:
-                return experiments
+        return self._run(_calls.list_experiments(page_size))
 
     def delete_experiment(self, name: str) -> None:
-        request = pb.DeleteExperimentRequest(name=name)
-        self._call(lambda t, md: self._stub.DeleteExperiment(request, timeout=t, metadata=md))
+        """Delete the experiment with its tasks, batches and history."""
+        return self._run(_calls.delete_experiment(name))
 
     def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None = None) -> Experiment:
         """A new experiment with the source's tasks, posterior and step, and
         its config unless `config` is given (e.g. to branch an ablation)."""
-        request = pb.ForkExperimentRequest(source=source, name=name)
-        if config is not None:
-            request.config.CopyFrom(_convert.config_to_proto(config))
-        response = self._call(lambda t, md: self._stub.ForkExperiment(request, timeout=t, metadata=md))
-        return _convert.experiment_from_proto(response)
+        return self._run(_calls.fork_experiment(source, name, config))
 
     def restore_experiment(
         self, name: str, snapshot: Snapshot, config: ExperimentConfig | None = None, source: str = ""
     ) -> Experiment:
         """A new experiment from a snapshot (taken with include_features=True,
         possibly from another server): same tasks, posterior and step."""
-        chunks = _calls.restore_chunks(name, snapshot, config, source)
-        response = self._call(
-            lambda t, md: self._stub.RestoreExperiment(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
-        )
-        return _convert.experiment_from_proto(response)
+        return self._run(_calls.restore_experiment(name, snapshot, config, source))
 
     def add_tasks(self, experiment: str, tasks: Iterable[Task]) -> int:
         """Add tasks (streamed in chunks of about 1 MB; all or nothing).
         Returns the number of tasks in the experiment afterwards."""
-        chunks = _calls.task_chunks(experiment, tasks)
-        response = self._call(
-            lambda t, md: self._stub.AddTasks(iter(chunks), timeout=t, metadata=md), self.bulk_timeout
-        )
-        return int(response.num_tasks)
+        return self._run(_calls.add_tasks(experiment, tasks))
 
     def select_batch(self, experiment: str, batch_size: int, request_key: str | None = None) -> Batch:
         """The next batch. Calls with the same request_key (e.g. "step-12" on
         every data-parallel rank) get the same batch."""
-        request = pb.SelectBatchRequest(
-            experiment=experiment, batch_size=batch_size, request_key=_calls.request_key(request_key)
-        )
-        response = self._call(lambda t, md: self._stub.SelectBatch(request, timeout=t, metadata=md))
-        return _convert.batch_from_proto(response)
+        return self._run(_calls.select_batch(experiment, batch_size, request_key))
 
     def report_outcomes(
         self, experiment: str, batch_id: str, outcomes: Mapping[str, _calls.OutcomeValue]
     ) -> ReportResult:
         """Report key -> (successes, trials) for tasks of a batch; applied once."""
-        request = _calls.report_request(experiment, batch_id, outcomes)
-        response = self._call(lambda t, md: self._stub.ReportOutcomes(request, timeout=t, metadata=md))
-        return _convert.report_from_proto(response)
+        return self._run(_calls.report_outcomes(experiment, batch_id, outcomes))
 
     def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
         """Every task's posterior: keys, alpha and beta (float64), step and config;
         with include_features, the tasks' features too (needed to restore)."""
-        request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
-        return self._call(
-            lambda t, md: _calls.snapshot_from_chunks(
-                self._stub.Snapshot(request, timeout=t, metadata=md), include_features
-            ),
-            self.bulk_timeout,
-        )
+        return self._run(_calls.snapshot(experiment, include_features))

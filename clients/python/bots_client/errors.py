@@ -39,6 +39,12 @@ class FailedPreconditionError(BotsError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class ConfigMismatchError(FailedPreconditionError):
+    """get_or_create_experiment found the experiment with a config other than
+    the requested one; the message names each differing field. Raised by the
+    client, not mapped from a status code."""
+
+
 class UnavailableError(BotsError):
     """The server or its database is unreachable; raised after retries ran out."""
 

@@ -1,15 +1,33 @@
-"""Plain data types of the API, free of protobuf."""
+"""Plain data types of the API. Only the names of the enum values come from
+the generated protobuf code."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
-STRATEGIES = ("bots", "mopps", "uniform")
-SELECTION_MODES = ("thompson", "mean", "softmax")
+from bots_client.proto import bots_pb2 as pb
+
+
+def _value_numbers(enum: EnumTypeWrapper, prefix: str) -> dict[str, int]:
+    """The client's name of each value of a proto enum (STRATEGY_MOPPS is
+    "mopps") and its number; UNSPECIFIED is no choice of its own."""
+    return {
+        name.removeprefix(prefix).lower(): number for name, number in enum.items() if name != f"{prefix}UNSPECIFIED"
+    }
+
+
+# Read from bots.proto, so a strategy or selection mode added there needs no
+# client change. (The casts: the stubs type an enum's numbers as its class.)
+STRATEGY_NUMBERS = cast("dict[str, pb.Strategy]", _value_numbers(pb.Strategy, "STRATEGY_"))
+SELECTION_MODE_NUMBERS = cast("dict[str, pb.SelectionMode]", _value_numbers(pb.SelectionMode, "SELECTION_MODE_"))
+STRATEGIES = tuple(STRATEGY_NUMBERS)
+SELECTION_MODES = tuple(SELECTION_MODE_NUMBERS)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""What the sync and async drivers of the call descriptions share: channel
+options, the request id of a call and the retry schedule of an RPC."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+import grpc
+
+# Reconnect quickly after a server restart (gRPC's default backoff grows to
+# 120 s, longer than a pod restart); retries are bounded by retry_timeout.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+Metadata = tuple[tuple[str, str], ...]
+REQUEST_ID_KEY = "x-request-id"
+
+
+def with_request_id(metadata: Metadata) -> tuple[str, Metadata]:
+    """A fresh request id (kept across every RPC and retry of one call, so the
+    server's log lines of all of them share it) and the metadata carrying it."""
+    request_id = uuid.uuid4().hex
+    return request_id, ((REQUEST_ID_KEY, request_id), *metadata)
+
+
+class Retries:
+    """The retry schedule of one RPC: UNAVAILABLE (a server restart, a database
+    outage) is retried after an exponential backoff with full jitter for up to
+    retry_timeout seconds; any other status is final."""
+
+    def __init__(self, retry_timeout: float, initial: float = 0.1, maximum: float = 2.0) -> None:
+        self._deadline = time.monotonic() + retry_timeout
+        self._backoff = initial
+        self._maximum = maximum
+
+    def delay_after(self, code: grpc.StatusCode) -> float | None:
+        """Seconds to wait before the next attempt, or None: give up."""
+        delay = random.uniform(0, self._backoff)
+        self._backoff = min(self._backoff * 2, self._maximum)
+        if code != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > self._deadline:
+            return None
+        return delay
