@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bots_server.core.limits import MAX_LEASE_TTL_SECONDS, MAX_SEED
 from bots_server.engine import EngineParams, Setting, settings
 from bots_server.engine.params import setting
-
-MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,9 @@ class ExperimentConfig(EngineParams):
     weak_feature: str = setting("", "task feature holding a weaker reference model's pass rate")
     strong_feature: str = setting("", "task feature holding a stronger reference model's pass rate")
     seed: int = setting(0, "seeds the selection RNG together with the step and request key", low=0, high=MAX_SEED)
-    lease_ttl_seconds: float = setting(3600.0, "how long a selected batch holds its tasks", low=0.0, low_open=True)
+    lease_ttl_seconds: float = setting(
+        3600.0, "how long a selected batch holds its tasks", low=0.0, low_open=True, high=MAX_LEASE_TTL_SECONDS
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

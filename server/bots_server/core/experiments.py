@@ -9,13 +9,12 @@ from bots_server.core import validation
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
 from bots_server.core.runtime import Runtime
-from bots_server.errors import InvalidArgument, NotFound
+from bots_server.errors import NotFound
 from bots_server.store import ExperimentCopy, ExperimentRow
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
 
 
 class Experiments:
@@ -40,8 +39,7 @@ class Experiments:
         return summary(row, await rt.run(rt.store.count_open_batches, row.id, rt.clock()))
 
     async def list(self, page_size: int, page_token: str) -> tuple[list[Experiment], str]:
-        if page_size > MAX_PAGE_SIZE:
-            raise InvalidArgument(f"page_size = {page_size} is larger than {MAX_PAGE_SIZE}")
+        validation.page(page_size, page_token)
         limit = page_size or DEFAULT_PAGE_SIZE
         rt = self.runtime
         rows = await rt.run(rt.store.list_experiments, page_token, limit)
@@ -66,7 +64,7 @@ class Experiments:
 
     async def fork(self, source: str, name: str, config: ExperimentConfig | None) -> Experiment:
         """A new experiment with the source's tasks, current posterior and step."""
-        validation.experiment_name(source)
+        validation.experiment_name(source, "source experiment name")
         validation.experiment_name(name)
         if config is not None:
             validation.config(config)
@@ -93,7 +91,17 @@ class Experiments:
         validation.experiment_name(data.name)
         validation.config(data.config)
         rt = self.runtime
-        await rt.run(validation.snapshot, data.config, data.keys, data.alpha, data.beta, data.features, data.capability)
+        await rt.run(
+            validation.snapshot,
+            data.config,
+            data.step,
+            data.source,
+            data.keys,
+            data.alpha,
+            data.beta,
+            data.features,
+            data.capability,
+        )
         copy = ExperimentCopy(
             name=data.name,
             config=data.config,

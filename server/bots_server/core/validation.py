@@ -1,27 +1,39 @@
-"""Checks of every input value. Each raises InvalidArgument naming the value."""
+"""Checks of every input value against core/limits.py. Each raises
+InvalidArgument naming the value (cut short: see limits.shown)."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
+from bots_server.core import limits
 from bots_server.core.domain import ExperimentConfig, Outcome, Task, config_settings
+from bots_server.core.limits import shown
 from bots_server.errors import InvalidArgument
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-MAX_KEY_LENGTH = 1024
-MAX_REQUEST_KEY_LENGTH = 256
-MAX_FEATURE_NAME_LENGTH = 256
-REFERENCE_FEATURE_PATTERN = re.compile(r'[ !#-\[\]-~]+')
+
+def text(what: str, value: str, max_length: int, *, empty: bool = True) -> None:
+    """A string the store keeps or looks up: no NUL, bounded length."""
+    if not empty and not value:
+        raise InvalidArgument(f"{what} is empty")
+    if len(value) > max_length:
+        raise InvalidArgument(f"{what} {shown(value)} is longer than {max_length} characters")
+    if "\x00" in value:
+        raise InvalidArgument(f"{what} {shown(value)} contains a NUL character")
 
 
-def experiment_name(name: str) -> None:
-    if not NAME_PATTERN.fullmatch(name):
+def experiment_name(name: str, what: str = "experiment name") -> None:
+    if not limits.NAME_PATTERN.fullmatch(name):
         raise InvalidArgument(
-            f"experiment name {name!r} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ -, "
+            f"{what} {shown(name)} is invalid: use 1-{limits.MAX_NAME_LENGTH} characters from A-Z a-z 0-9 . _ -, "
             "starting with a letter or digit"
         )
+
+
+def page(page_size: int, page_token: str) -> None:
+    if page_size > limits.MAX_PAGE_SIZE:
+        raise InvalidArgument(f"page_size = {page_size} is larger than {limits.MAX_PAGE_SIZE}")
+    text("page_token", page_token, limits.MAX_NAME_LENGTH)
 
 
 def config(cfg: ExperimentConfig) -> None:
@@ -31,27 +43,26 @@ def config(cfg: ExperimentConfig) -> None:
         value = getattr(cfg, name)
         problem = declared.problem(value)
         if problem is not None:
-            raise InvalidArgument(f"config.{name} = {value!r} {problem}")
+            raise InvalidArgument(f"config.{name} = {shown(value)} {problem}")
     if bool(cfg.weak_feature) != bool(cfg.strong_feature):
         raise InvalidArgument(
-            f"config.weak_feature = {cfg.weak_feature!r} and config.strong_feature = {cfg.strong_feature!r}: "
-            "set both (interpolation plug-in) or neither"
+            f"config.weak_feature = {shown(cfg.weak_feature)} and config.strong_feature = "
+            f"{shown(cfg.strong_feature)}: set both (interpolation plug-in) or neither"
         )
     if cfg.weak_feature and cfg.weak_feature == cfg.strong_feature:
-        raise InvalidArgument(f"config.weak_feature and strong_feature are both {cfg.weak_feature!r}")
+        raise InvalidArgument(f"config.weak_feature and strong_feature are both {shown(cfg.weak_feature)}")
     for field in ("weak_feature", "strong_feature"):
         value = getattr(cfg, field)
-        if len(value) > MAX_FEATURE_NAME_LENGTH:
-            raise InvalidArgument(f"config.{field} is longer than {MAX_FEATURE_NAME_LENGTH} characters")
-        if value and not REFERENCE_FEATURE_PATTERN.fullmatch(value):
-            # The store reads these features with SQL JSON paths.
+        text(f"config.{field}", value, limits.MAX_FEATURE_NAME_LENGTH)
+        if value and not limits.REFERENCE_FEATURE_PATTERN.fullmatch(value):
             raise InvalidArgument(
-                f"config.{field} = {value!r}: use printable ASCII characters other than double quote and backslash"
+                f"config.{field} = {shown(value)}: use printable ASCII characters other than double quote and backslash"
             )
 
 
 def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:
-    """Keys non-empty, short and distinct; features finite; reference pass rates in [0, 1]."""
+    """Keys non-empty, short and distinct; features bounded and finite;
+    reference pass rates in [0, 1]."""
     if not new_tasks:
         raise InvalidArgument("no tasks given")
     seen: set[str] = set()
@@ -59,44 +70,53 @@ def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:
     for position, task in enumerate(new_tasks):
         if not task.key:
             raise InvalidArgument(f"task #{position} has an empty key")
-        if len(task.key) > MAX_KEY_LENGTH:
-            raise InvalidArgument(f"task key {task.key[:40]!r}... is longer than {MAX_KEY_LENGTH} characters")
+        text("task key", task.key, limits.MAX_KEY_LENGTH)
         if task.key in seen:
-            raise InvalidArgument(f"task key {task.key!r} appears more than once in the request")
+            raise InvalidArgument(f"task key {shown(task.key)} appears more than once in the request")
         seen.add(task.key)
+        if len(task.features) > limits.MAX_FEATURES_PER_TASK:
+            raise InvalidArgument(
+                f"task {shown(task.key)} has {len(task.features)} features; at most {limits.MAX_FEATURES_PER_TASK}"
+            )
         for name, value in task.features.items():
+            text(f"task {shown(task.key)}: feature name", name, limits.MAX_FEATURE_NAME_LENGTH, empty=False)
             if not math.isfinite(value):
-                raise InvalidArgument(f"task {task.key!r}: feature {name!r} = {value!r} is not finite")
+                raise InvalidArgument(f"task {shown(task.key)}: feature {shown(name)} = {value!r} is not finite")
             if name in references and not 0.0 <= value <= 1.0:
-                raise InvalidArgument(f"task {task.key!r}: reference pass rate {name!r} = {value!r} is outside [0, 1]")
+                raise InvalidArgument(
+                    f"task {shown(task.key)}: reference pass rate {shown(name)} = {value!r} is outside [0, 1]"
+                )
 
 
 def batch_request(batch_size: int, request_key: str) -> None:
     if batch_size < 1:
         raise InvalidArgument(f"batch_size = {batch_size} must be at least 1")
-    if len(request_key) > MAX_REQUEST_KEY_LENGTH:
-        raise InvalidArgument(f"request_key {request_key[:40]!r}... is longer than {MAX_REQUEST_KEY_LENGTH} characters")
+    text("request_key", request_key, limits.MAX_REQUEST_KEY_LENGTH)
 
 
 def outcomes(batch_id: str, reported: Sequence[Outcome]) -> None:
     """Shape and values of a report, before it is matched against the batch."""
-    if not batch_id:
-        raise InvalidArgument("batch_id is empty")
+    text("batch_id", batch_id, limits.MAX_BATCH_ID_LENGTH, empty=False)
     if not reported:
-        raise InvalidArgument(f"report for batch {batch_id!r} has no outcomes")
+        raise InvalidArgument(f"report for batch {shown(batch_id)} has no outcomes")
     seen: set[str] = set()
     for o in reported:
+        text("reported task key", o.key, limits.MAX_KEY_LENGTH, empty=False)
         if o.key in seen:
-            raise InvalidArgument(f"task {o.key!r} is reported more than once")
+            raise InvalidArgument(f"task {shown(o.key)} is reported more than once")
         seen.add(o.key)
-        if o.trials < 1:
-            raise InvalidArgument(f"task {o.key!r}: trials = {o.trials} must be at least 1")
+        if not 1 <= o.trials <= limits.MAX_TRIALS:
+            raise InvalidArgument(f"task {shown(o.key)}: trials = {o.trials} is outside [1, {limits.MAX_TRIALS}]")
         if not math.isfinite(o.successes) or not 0.0 <= o.successes <= o.trials:
-            raise InvalidArgument(f"task {o.key!r}: successes = {o.successes!r} is outside [0, trials = {o.trials}]")
+            raise InvalidArgument(
+                f"task {shown(o.key)}: successes = {o.successes!r} is outside [0, trials = {o.trials}]"
+            )
 
 
 def snapshot(
     cfg: ExperimentConfig,
+    step: int,
+    source: str,
     keys: Sequence[str],
     alpha: Sequence[float],
     beta: Sequence[float],
@@ -104,16 +124,19 @@ def snapshot(
     capability: float | None,
 ) -> None:
     """A snapshot to restore: one entry per task everywhere, a valid posterior."""
+    if step > limits.MAX_STEP:
+        raise InvalidArgument(f"snapshot step = {step} is larger than {limits.MAX_STEP}")
+    text("snapshot source", source, limits.MAX_SOURCE_LENGTH)
     if not (len(keys) == len(alpha) == len(beta) == len(features)):
         raise InvalidArgument(
             f"snapshot arrays differ in length: {len(keys)} keys, {len(alpha)} alpha, "
             f"{len(beta)} beta, {len(features)} features"
         )
     if keys:
-        tasks(cfg, [Task(k, f) for k, f in zip(keys, features)])
+        tasks(cfg, [Task(k, f) for k, f in zip(keys, features, strict=True)])
     for name, values in (("alpha", alpha), ("beta", beta)):
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             if not (math.isfinite(value) and value > 0):
-                raise InvalidArgument(f"snapshot {name} of task {key!r} = {value!r} must be a finite number > 0")
+                raise InvalidArgument(f"snapshot {name} of task {shown(key)} = {value!r} must be a finite number > 0")
     if capability is not None and not math.isfinite(capability):
         raise InvalidArgument(f"snapshot capability = {capability!r} is not finite")

@@ -21,11 +21,12 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 import bots_server
-from bots_client.proto import bots_pb2, bots_pb2_grpc
+from bots_client.proto import bots_pb2
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.errors import Unavailable
 from bots_server.metrics import Metrics
 from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
+from bots_server.service import handlers
 from bots_server.service.interceptors import AuthInterceptor, MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.servicer import TaskSelectorServicer
 from bots_server.settings import ServerSettings, split_host_port
@@ -59,7 +60,7 @@ class BotsServer:
             interceptors.append(AuthInterceptor(settings.auth_tokens))
         self.server = grpc.aio.server(interceptors=interceptors)
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
-        bots_pb2_grpc.add_TaskSelectorServicer_to_server(TaskSelectorServicer(self.selector), self.server)
+        handlers.register(self.server, TaskSelectorServicer(self.selector))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),

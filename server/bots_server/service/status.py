@@ -1,14 +1,22 @@
-"""Domain errors -> gRPC status codes, in one place."""
+"""Domain errors -> gRPC status codes, in one place.
+
+Every call ends with a status a client can act on: a ServiceError's code and
+message (cut to MAX_MESSAGE_CHARACTERS), INVALID_ARGUMENT for a request
+protobuf cannot parse, and INTERNAL with the request id, never internals, for
+anything unexpected (logged with its traceback).
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 
+from bots_server import logs
 from bots_server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ServiceError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -20,24 +28,59 @@ CODES: dict[type[ServiceError], grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
+# Far below the 8 KB a client accepts in its metadata (the status message
+# travels there).
+MAX_MESSAGE_CHARACTERS = 1024
 
 Servicer = TypeVar("Servicer")
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 
 
-def _code(error: Exception) -> grpc.StatusCode:
+@dataclass(frozen=True)
+class Undecodable:
+    """Stands in for a request message protobuf could not parse (see
+    service/handlers.py), so that the call answers INVALID_ARGUMENT."""
+
+    message_type: str
+    error: str
+
+    def problem(self) -> InvalidArgument:
+        return InvalidArgument(f"the request is not a valid {self.message_type} message: {self.error}")
+
+
+def _code(error: ServiceError) -> grpc.StatusCode:
     for cls in type(error).__mro__:
         if cls in CODES:
             return CODES[cls]
     return grpc.StatusCode.INTERNAL
 
 
+def _cut(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARACTERS else message[:MAX_MESSAGE_CHARACTERS] + "..."
+
+
 async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
     if isinstance(error, ServiceError):
-        await context.abort(_code(error), str(error))
+        await context.abort(_code(error), _cut(str(error)))
     log.exception("unexpected error in %s", method)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(error).__name__}")
+    request_id = logs.request_id.get()
+    reference = f" (request id {request_id})" if request_id else ""
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}{reference}; the server logged it")
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise request.problem()
+        yield request
+
+
+def _parsed(request: Any) -> Any:
+    """The request, or the stream of requests, with unparsable messages raising InvalidArgument."""
+    if isinstance(request, Undecodable):
+        raise request.problem()
+    return _checked(request) if hasattr(request, "__aiter__") else request
 
 
 def unary(
@@ -48,10 +91,8 @@ def unary(
     @functools.wraps(fn)
     async def wrapper(self: Servicer, request: Request, context: grpc.aio.ServicerContext) -> Response:
         try:
-            return await fn(self, request, context)
-        except ServiceError as e:
-            await _abort(context, fn.__name__, e)
-        except Exception as e:  # noqa: BLE001 - anything else is an INTERNAL with a log line
+            return await fn(self, _parsed(request), context)
+        except Exception as e:  # noqa: BLE001 - every error ends as a status; unexpected ones are logged
             await _abort(context, fn.__name__, e)
         raise AssertionError("unreachable: abort raises")
 
@@ -66,10 +107,8 @@ def server_streaming(
     @functools.wraps(fn)
     async def wrapper(self: Servicer, request: Request, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            async for item in fn(self, request, context):
+            async for item in fn(self, _parsed(request), context):
                 yield item
-        except ServiceError as e:
-            await _abort(context, fn.__name__, e)
         except Exception as e:  # noqa: BLE001
             await _abort(context, fn.__name__, e)
 

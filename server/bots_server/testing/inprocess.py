@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from bots_client.proto import bots_pb2_grpc
 from bots_server.core.selector import SelectorService
+from bots_server.service import handlers
 from bots_server.service.servicer import TaskSelectorServicer
 from bots_server.store import Store
 
@@ -51,19 +51,6 @@ class _Context:
         raise InProcessRpcError(code, details)
 
 
-class _HandlerCollector:
-    """Stands in for a grpc server to collect the generated method handlers."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.handlers.update({f"/{service}/{name}": h for name, h in handlers.items()})
-
-
 class InProcessService:
     """A SelectorService on its own store and event loop thread. Use as a
     context manager, or call close()."""
@@ -74,9 +61,8 @@ class InProcessService:
         self._thread.start()
         self.store = _open_store(db_url)
         self.core: SelectorService = self.call(self._build(selector_options))
-        collector = _HandlerCollector()
-        bots_pb2_grpc.add_TaskSelectorServicer_to_server(TaskSelectorServicer(self.core), collector)
-        self._handlers = collector.handlers
+        by_name = handlers.method_handlers(TaskSelectorServicer(self.core))
+        self._handlers = {f"/{handlers.SERVICE}/{name}": handler for name, handler in by_name.items()}
 
     async def _build(self, options: dict[str, Any]) -> SelectorService:
         return SelectorService(self.store, **options)
