@@ -150,6 +150,9 @@ def task_chunks(
         current.tasks.append(message)
         size += task_size
     chunks.append(current)
+    # The server rejects a stream that ends before this many tasks arrived:
+    # a cancelled upload can never be taken for a complete one.
+    chunks[0].total_tasks = sum(len(c.tasks) for c in chunks)
     return chunks
 
 
@@ -193,12 +196,13 @@ def restore_chunks(
         config=_convert.config_to_proto(config or experiment.config),
         step=experiment.step,
         source=source or experiment.name,
+        total_tasks=len(snapshot.keys),
     )
     if experiment.capability is not None:
         first.capability = experiment.capability
     chunks, current, size = [first], first, 0
     for key, a, b, f in zip(snapshot.keys, snapshot.alpha.tolist(), snapshot.beta.tolist(), snapshot.features):
-        task_size = len(key) + 24 + sum(len(n) + 16 for n in f)
+        task_size = _utf8_size(key) + 24 + sum(_utf8_size(n) + 16 for n in f)
         if size and size + task_size > chunk_bytes:
             current, size = pb.RestoreExperimentRequest(), 0
             chunks.append(current)
@@ -208,3 +212,7 @@ def restore_chunks(
         current.features.append(pb.Features(values=f))
         size += task_size
     return chunks
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8"))

@@ -11,6 +11,7 @@ from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_server.core.selector import SelectorService
 from bots_server.core.domain import RestoreData, Snapshot
+from bots_server.core.limits import shown
 from bots_server.errors import InvalidArgument
 from bots_server.service import convert
 from bots_server.service.status import server_streaming, unary
@@ -57,6 +58,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             features.extend(dict(f.values) for f in chunk.features)
         if first is None:
             raise InvalidArgument("RestoreExperiment: empty stream")
+        _check_complete("RestoreExperiment", first, len(keys))
         data = RestoreData(
             name=first.name,
             config=convert.config_from_proto(first.config),
@@ -94,18 +96,22 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
     async def AddTasks(
         self, request_iterator: AsyncIterator[pb.AddTasksRequest], context: grpc.aio.ServicerContext
     ) -> pb.AddTasksResponse:
-        name = ""
+        first: pb.AddTasksRequest | None = None
         tasks = []
         async for chunk in request_iterator:
-            if not name:
-                name = chunk.experiment
-                if not name:
+            if first is None:
+                first = chunk
+                if not chunk.experiment:
                     raise InvalidArgument("AddTasks: the first message must name the experiment")
-            elif chunk.experiment and chunk.experiment != name:
-                raise InvalidArgument(f"AddTasks: message names experiment {chunk.experiment!r} after {name!r}")
+            elif chunk.experiment and chunk.experiment != first.experiment:
+                raise InvalidArgument(
+                    f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
+                )
             tasks.extend(convert.tasks_from_proto(chunk.tasks))
-        if not name:
+        if first is None:
             raise InvalidArgument("AddTasks: empty stream")
+        _check_complete("AddTasks", first, len(tasks))
+        name = first.experiment
         added, total = await self.core.pool.add_tasks(name, tasks)
         return pb.AddTasksResponse(added=added, num_tasks=total)
 
@@ -130,13 +136,23 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         chunk = pb.SnapshotChunk(experiment=convert.experiment_to_proto(snap.experiment))
         start, size = 0, 0
         for i, key in enumerate(snap.keys):
-            size += len(key) + _PER_TASK_OVERHEAD
+            size += len(key.encode()) + _PER_TASK_OVERHEAD
             if snap.features is not None:
-                size += sum(len(name) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
+                size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
             if size >= SNAPSHOT_CHUNK_BYTES:
                 yield _fill(chunk, snap, start, i + 1)
                 chunk, start, size = pb.SnapshotChunk(), i + 1, 0
         yield _fill(chunk, snap, start, len(snap.keys))
+
+
+def _check_complete(method: str, first: pb.AddTasksRequest | pb.RestoreExperimentRequest, received: int) -> None:
+    """A stream that announced its length must have delivered all of it: a
+    cancelled or broken stream ends like a complete one on the server's side."""
+    if first.HasField("total_tasks") and first.total_tasks != received:
+        raise InvalidArgument(
+            f"{method}: the stream carried {received} tasks but its first message announced {first.total_tasks}; "
+            "nothing was written"
+        )
 
 
 def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int) -> pb.SnapshotChunk:

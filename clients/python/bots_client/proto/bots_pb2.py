@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x62ots/v1/bots.proto\x12\x07\x62ots.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x04\n\x10\x45xperimentConfig\x12#\n\x08strategy\x18\x01 \x01(\x0e\x32\x11.bots.v1.Strategy\x12\x1b\n\x0etarget_success\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nforgetting\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x1c\n\x0fimplicit_weight\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1e\n\x11rollouts_per_task\x18\x05 \x01(\rH\x03\x88\x01\x01\x12.\n\x0eselection_mode\x18\x06 \x01(\x0e\x32\x16.bots.v1.SelectionMode\x12\x18\n\x0btemperature\x18\x07 \x01(\x01H\x04\x88\x01\x01\x12\x14\n\x0cweak_feature\x18\x08 \x01(\t\x12\x16\n\x0estrong_feature\x18\t \x01(\t\x12\x18\n\x0bprior_alpha\x18\n \x01(\x01H\x05\x88\x01\x01\x12\x17\n\nprior_beta\x18\x0b \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x0c \x01(\x04H\x07\x88\x01\x01\x12\x1e\n\x11lease_ttl_seconds\x18\r \x01(\x01H\x08\x88\x01\x01\x12\x1b\n\x0e\x63\x61pability_ema\x18\x0e \x01(\x01H\t\x88\x01\x01\x42\x11\n\x0f_target_successB\r\n\x0b_forgettingB\x12\n\x10_implicit_weightB\x14\n\x12_rollouts_per_taskB\x0e\n\x0c_temperatureB\x0e\n\x0c_prior_alphaB\r\n\x0b_prior_betaB\x07\n\x05_seedB\x14\n\x12_lease_ttl_secondsB\x11\n\x0f_capability_ema\"\x82\x02\n\nExperiment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x19.bots.v1.ExperimentConfig\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x11\n\tnum_tasks\x18\x04 \x01(\x04\x12\x14\n\x0copen_batches\x18\x05 \x01(\r\x12\x17\n\ncapability\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x66orked_from\x18\x08 \x01(\t\x12\x16\n\x0e\x66orked_at_step\x18\t \x01(\x04\x42\r\n\x0b_capability\"R\n\x17\x43reateExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x19.bots.v1.ExperimentConfig\"$\n\x14GetExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x16ListExperimentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"\\\n\x17ListExperimentsResponse\x12(\n\x0b\x65xperiments\x18\x01 \x03(\x0b\x32\x13.bots.v1.Experiment\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\'\n\x17\x44\x65leteExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteExperimentResponse\"p\n\x15\x46orkExperimentRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12.\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x19.bots.v1.ExperimentConfigH\x00\x88\x01\x01\x42\t\n\x07_config\"\xe9\x01\n\x18RestoreExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x19.bots.v1.ExperimentConfig\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x17\n\ncapability\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x0c\n\x04keys\x18\x06 \x03(\t\x12\r\n\x05\x61lpha\x18\x07 \x03(\x01\x12\x0c\n\x04\x62\x65ta\x18\x08 \x03(\x01\x12#\n\x08\x66\x65\x61tures\x18\t \x03(\x0b\x32\x11.bots.v1.FeaturesB\r\n\x0b_capability\"h\n\x08\x46\x65\x61tures\x12-\n\x06values\x18\x01 \x03(\x0b\x32\x1d.bots.v1.Features.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"s\n\x04Task\x12\x0b\n\x03key\x18\x01 \x01(\t\x12-\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32\x1b.bots.v1.Task.FeaturesEntry\x1a/\n\rFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"C\n\x0f\x41\x64\x64TasksRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x1c\n\x05tasks\x18\x02 \x03(\x0b\x32\r.bots.v1.Task\"4\n\x10\x41\x64\x64TasksResponse\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x01 \x01(\x04\x12\x11\n\tnum_tasks\x18\x02 \x01(\x04\"Q\n\x12SelectBatchRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x13\n\x0brequest_key\x18\x03 \x01(\t\"\x81\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x13\n\x0brequest_key\x18\x04 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x07Outcome\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tsuccesses\x18\x02 \x01(\x01\x12\x0e\n\x06trials\x18\x03 \x01(\r\"a\n\x15ReportOutcomesRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\"\n\x08outcomes\x18\x03 \x03(\x0b\x32\x10.bots.v1.Outcome\"a\n\x16ReportOutcomesResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x17\n\ncapability\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x42\r\n\x0b_capability\"?\n\x0fSnapshotRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x18\n\x10include_features\x18\x02 \x01(\x08\"\x88\x01\n\rSnapshotChunk\x12\'\n\nexperiment\x18\x01 \x01(\x0b\x32\x13.bots.v1.Experiment\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12\r\n\x05\x61lpha\x18\x03 \x03(\x01\x12\x0c\n\x04\x62\x65ta\x18\x04 \x03(\x01\x12#\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x11.bots.v1.Features*a\n\x08Strategy\x12\x18\n\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x11\n\rSTRATEGY_BOTS\x10\x01\x12\x12\n\x0eSTRATEGY_MOPPS\x10\x02\x12\x14\n\x10STRATEGY_UNIFORM\x10\x03*\x81\x01\n\rSelectionMode\x12\x1e\n\x1aSELECTION_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17SELECTION_MODE_THOMPSON\x10\x01\x12\x17\n\x13SELECTION_MODE_MEAN\x10\x02\x12\x1a\n\x16SELECTION_MODE_SOFTMAX\x10\x03\x32\xf5\x05\n\x0cTaskSelector\x12I\n\x10\x43reateExperiment\x12 .bots.v1.CreateExperimentRequest\x1a\x13.bots.v1.Experiment\x12\x43\n\rGetExperiment\x12\x1d.bots.v1.GetExperimentRequest\x1a\x13.bots.v1.Experiment\x12T\n\x0fListExperiments\x12\x1f.bots.v1.ListExperimentsRequest\x1a .bots.v1.ListExperimentsResponse\x12W\n\x10\x44\x65leteExperiment\x12 .bots.v1.DeleteExperimentRequest\x1a!.bots.v1.DeleteExperimentResponse\x12\x45\n\x0e\x46orkExperiment\x12\x1e.bots.v1.ForkExperimentRequest\x1a\x13.bots.v1.Experiment\x12M\n\x11RestoreExperiment\x12!.bots.v1.RestoreExperimentRequest\x1a\x13.bots.v1.Experiment(\x01\x12\x41\n\x08\x41\x64\x64Tasks\x12\x18.bots.v1.AddTasksRequest\x1a\x19.bots.v1.AddTasksResponse(\x01\x12:\n\x0bSelectBatch\x12\x1b.bots.v1.SelectBatchRequest\x1a\x0e.bots.v1.Batch\x12Q\n\x0eReportOutcomes\x12\x1e.bots.v1.ReportOutcomesRequest\x1a\x1f.bots.v1.ReportOutcomesResponse\x12>\n\x08Snapshot\x12\x18.bots.v1.SnapshotRequest\x1a\x16.bots.v1.SnapshotChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x62ots/v1/bots.proto\x12\x07\x62ots.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x04\n\x10\x45xperimentConfig\x12#\n\x08strategy\x18\x01 \x01(\x0e\x32\x11.bots.v1.Strategy\x12\x1b\n\x0etarget_success\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nforgetting\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x1c\n\x0fimplicit_weight\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1e\n\x11rollouts_per_task\x18\x05 \x01(\rH\x03\x88\x01\x01\x12.\n\x0eselection_mode\x18\x06 \x01(\x0e\x32\x16.bots.v1.SelectionMode\x12\x18\n\x0btemperature\x18\x07 \x01(\x01H\x04\x88\x01\x01\x12\x14\n\x0cweak_feature\x18\x08 \x01(\t\x12\x16\n\x0estrong_feature\x18\t \x01(\t\x12\x18\n\x0bprior_alpha\x18\n \x01(\x01H\x05\x88\x01\x01\x12\x17\n\nprior_beta\x18\x0b \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x0c \x01(\x04H\x07\x88\x01\x01\x12\x1e\n\x11lease_ttl_seconds\x18\r \x01(\x01H\x08\x88\x01\x01\x12\x1b\n\x0e\x63\x61pability_ema\x18\x0e \x01(\x01H\t\x88\x01\x01\x42\x11\n\x0f_target_successB\r\n\x0b_forgettingB\x12\n\x10_implicit_weightB\x14\n\x12_rollouts_per_taskB\x0e\n\x0c_temperatureB\x0e\n\x0c_prior_alphaB\r\n\x0b_prior_betaB\x07\n\x05_seedB\x14\n\x12_lease_ttl_secondsB\x11\n\x0f_capability_ema\"\x82\x02\n\nExperiment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x19.bots.v1.ExperimentConfig\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x11\n\tnum_tasks\x18\x04 \x01(\x04\x12\x14\n\x0copen_batches\x18\x05 \x01(\r\x12\x17\n\ncapability\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x66orked_from\x18\x08 \x01(\t\x12\x16\n\x0e\x66orked_at_step\x18\t \x01(\x04\x42\r\n\x0b_capability\"R\n\x17\x43reateExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x19.bots.v1.ExperimentConfig\"$\n\x14GetExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"?\n\x16ListExperimentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"\\\n\x17ListExperimentsResponse\x12(\n\x0b\x65xperiments\x18\x01 \x03(\x0b\x32\x13.bots.v1.Experiment\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\'\n\x17\x44\x65leteExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteExperimentResponse\"p\n\x15\x46orkExperimentRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12.\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x19.bots.v1.ExperimentConfigH\x00\x88\x01\x01\x42\t\n\x07_config\"\x93\x02\n\x18RestoreExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x19.bots.v1.ExperimentConfig\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x17\n\ncapability\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x0c\n\x04keys\x18\x06 \x03(\t\x12\r\n\x05\x61lpha\x18\x07 \x03(\x01\x12\x0c\n\x04\x62\x65ta\x18\x08 \x03(\x01\x12#\n\x08\x66\x65\x61tures\x18\t \x03(\x0b\x32\x11.bots.v1.Features\x12\x18\n\x0btotal_tasks\x18\n \x01(\x04H\x01\x88\x01\x01\x42\r\n\x0b_capabilityB\x0e\n\x0c_total_tasks\"h\n\x08\x46\x65\x61tures\x12-\n\x06values\x18\x01 \x03(\x0b\x32\x1d.bots.v1.Features.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"s\n\x04Task\x12\x0b\n\x03key\x18\x01 \x01(\t\x12-\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32\x1b.bots.v1.Task.FeaturesEntry\x1a/\n\rFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"m\n\x0f\x41\x64\x64TasksRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x1c\n\x05tasks\x18\x02 \x03(\x0b\x32\r.bots.v1.Task\x12\x18\n\x0btotal_tasks\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x0e\n\x0c_total_tasks\"4\n\x10\x41\x64\x64TasksResponse\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x01 \x01(\x04\x12\x11\n\tnum_tasks\x18\x02 \x01(\x04\"Q\n\x12SelectBatchRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x13\n\x0brequest_key\x18\x03 \x01(\t\"\x81\x01\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x13\n\x0brequest_key\x18\x04 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x07Outcome\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tsuccesses\x18\x02 \x01(\x01\x12\x0e\n\x06trials\x18\x03 \x01(\r\"a\n\x15ReportOutcomesRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\"\n\x08outcomes\x18\x03 \x03(\x0b\x32\x10.bots.v1.Outcome\"a\n\x16ReportOutcomesResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x17\n\ncapability\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x42\r\n\x0b_capability\"?\n\x0fSnapshotRequest\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x18\n\x10include_features\x18\x02 \x01(\x08\"\x88\x01\n\rSnapshotChunk\x12\'\n\nexperiment\x18\x01 \x01(\x0b\x32\x13.bots.v1.Experiment\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12\r\n\x05\x61lpha\x18\x03 \x03(\x01\x12\x0c\n\x04\x62\x65ta\x18\x04 \x03(\x01\x12#\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x11.bots.v1.Features*a\n\x08Strategy\x12\x18\n\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x11\n\rSTRATEGY_BOTS\x10\x01\x12\x12\n\x0eSTRATEGY_MOPPS\x10\x02\x12\x14\n\x10STRATEGY_UNIFORM\x10\x03*\x81\x01\n\rSelectionMode\x12\x1e\n\x1aSELECTION_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17SELECTION_MODE_THOMPSON\x10\x01\x12\x17\n\x13SELECTION_MODE_MEAN\x10\x02\x12\x1a\n\x16SELECTION_MODE_SOFTMAX\x10\x03\x32\xf5\x05\n\x0cTaskSelector\x12I\n\x10\x43reateExperiment\x12 .bots.v1.CreateExperimentRequest\x1a\x13.bots.v1.Experiment\x12\x43\n\rGetExperiment\x12\x1d.bots.v1.GetExperimentRequest\x1a\x13.bots.v1.Experiment\x12T\n\x0fListExperiments\x12\x1f.bots.v1.ListExperimentsRequest\x1a .bots.v1.ListExperimentsResponse\x12W\n\x10\x44\x65leteExperiment\x12 .bots.v1.DeleteExperimentRequest\x1a!.bots.v1.DeleteExperimentResponse\x12\x45\n\x0e\x46orkExperiment\x12\x1e.bots.v1.ForkExperimentRequest\x1a\x13.bots.v1.Experiment\x12M\n\x11RestoreExperiment\x12!.bots.v1.RestoreExperimentRequest\x1a\x13.bots.v1.Experiment(\x01\x12\x41\n\x08\x41\x64\x64Tasks\x12\x18.bots.v1.AddTasksRequest\x1a\x19.bots.v1.AddTasksResponse(\x01\x12:\n\x0bSelectBatch\x12\x1b.bots.v1.SelectBatchRequest\x1a\x0e.bots.v1.Batch\x12Q\n\x0eReportOutcomes\x12\x1e.bots.v1.ReportOutcomesRequest\x1a\x1f.bots.v1.ReportOutcomesResponse\x12>\n\x08Snapshot\x12\x18.bots.v1.SnapshotRequest\x1a\x16.bots.v1.SnapshotChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FEATURES_VALUESENTRY']._serialized_options = b'8\001'
   _globals['_TASK_FEATURESENTRY']._loaded_options = None
   _globals['_TASK_FEATURESENTRY']._serialized_options = b'8\001'
-  _globals['_STRATEGY']._serialized_start=2645
-  _globals['_STRATEGY']._serialized_end=2742
-  _globals['_SELECTIONMODE']._serialized_start=2745
-  _globals['_SELECTIONMODE']._serialized_end=2874
+  _globals['_STRATEGY']._serialized_start=2729
+  _globals['_STRATEGY']._serialized_end=2826
+  _globals['_SELECTIONMODE']._serialized_start=2829
+  _globals['_SELECTIONMODE']._serialized_end=2958
   _globals['_EXPERIMENTCONFIG']._serialized_start=65
   _globals['_EXPERIMENTCONFIG']._serialized_end=660
   _globals['_EXPERIMENT']._serialized_start=663
@@ -60,33 +60,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FORKEXPERIMENTREQUEST']._serialized_start=1273
   _globals['_FORKEXPERIMENTREQUEST']._serialized_end=1385
   _globals['_RESTOREEXPERIMENTREQUEST']._serialized_start=1388
-  _globals['_RESTOREEXPERIMENTREQUEST']._serialized_end=1621
-  _globals['_FEATURES']._serialized_start=1623
-  _globals['_FEATURES']._serialized_end=1727
-  _globals['_FEATURES_VALUESENTRY']._serialized_start=1682
-  _globals['_FEATURES_VALUESENTRY']._serialized_end=1727
-  _globals['_TASK']._serialized_start=1729
-  _globals['_TASK']._serialized_end=1844
-  _globals['_TASK_FEATURESENTRY']._serialized_start=1797
-  _globals['_TASK_FEATURESENTRY']._serialized_end=1844
-  _globals['_ADDTASKSREQUEST']._serialized_start=1846
-  _globals['_ADDTASKSREQUEST']._serialized_end=1913
-  _globals['_ADDTASKSRESPONSE']._serialized_start=1915
-  _globals['_ADDTASKSRESPONSE']._serialized_end=1967
-  _globals['_SELECTBATCHREQUEST']._serialized_start=1969
-  _globals['_SELECTBATCHREQUEST']._serialized_end=2050
-  _globals['_BATCH']._serialized_start=2053
-  _globals['_BATCH']._serialized_end=2182
-  _globals['_OUTCOME']._serialized_start=2184
-  _globals['_OUTCOME']._serialized_end=2241
-  _globals['_REPORTOUTCOMESREQUEST']._serialized_start=2243
-  _globals['_REPORTOUTCOMESREQUEST']._serialized_end=2340
-  _globals['_REPORTOUTCOMESRESPONSE']._serialized_start=2342
-  _globals['_REPORTOUTCOMESRESPONSE']._serialized_end=2439
-  _globals['_SNAPSHOTREQUEST']._serialized_start=2441
-  _globals['_SNAPSHOTREQUEST']._serialized_end=2504
-  _globals['_SNAPSHOTCHUNK']._serialized_start=2507
-  _globals['_SNAPSHOTCHUNK']._serialized_end=2643
-  _globals['_TASKSELECTOR']._serialized_start=2877
-  _globals['_TASKSELECTOR']._serialized_end=3634
+  _globals['_RESTOREEXPERIMENTREQUEST']._serialized_end=1663
+  _globals['_FEATURES']._serialized_start=1665
+  _globals['_FEATURES']._serialized_end=1769
+  _globals['_FEATURES_VALUESENTRY']._serialized_start=1724
+  _globals['_FEATURES_VALUESENTRY']._serialized_end=1769
+  _globals['_TASK']._serialized_start=1771
+  _globals['_TASK']._serialized_end=1886
+  _globals['_TASK_FEATURESENTRY']._serialized_start=1839
+  _globals['_TASK_FEATURESENTRY']._serialized_end=1886
+  _globals['_ADDTASKSREQUEST']._serialized_start=1888
+  _globals['_ADDTASKSREQUEST']._serialized_end=1997
+  _globals['_ADDTASKSRESPONSE']._serialized_start=1999
+  _globals['_ADDTASKSRESPONSE']._serialized_end=2051
+  _globals['_SELECTBATCHREQUEST']._serialized_start=2053
+  _globals['_SELECTBATCHREQUEST']._serialized_end=2134
+  _globals['_BATCH']._serialized_start=2137
+  _globals['_BATCH']._serialized_end=2266
+  _globals['_OUTCOME']._serialized_start=2268
+  _globals['_OUTCOME']._serialized_end=2325
+  _globals['_REPORTOUTCOMESREQUEST']._serialized_start=2327
+  _globals['_REPORTOUTCOMESREQUEST']._serialized_end=2424
+  _globals['_REPORTOUTCOMESRESPONSE']._serialized_start=2426
+  _globals['_REPORTOUTCOMESRESPONSE']._serialized_end=2523
+  _globals['_SNAPSHOTREQUEST']._serialized_start=2525
+  _globals['_SNAPSHOTREQUEST']._serialized_end=2588
+  _globals['_SNAPSHOTCHUNK']._serialized_start=2591
+  _globals['_SNAPSHOTCHUNK']._serialized_end=2727
+  _globals['_TASKSELECTOR']._serialized_start=2961
+  _globals['_TASKSELECTOR']._serialized_end=3718
 # @@protoc_insertion_point(module_scope)

@@ -138,7 +138,7 @@ class ForkExperimentRequest(_message.Message):
     def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ...) -> None: ...
 
 class RestoreExperimentRequest(_message.Message):
-    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features")
+    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class RestoreExperimentRequest(_message.Message):
     ALPHA_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TASKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: ExperimentConfig
     step: int
@@ -157,7 +158,8 @@ class RestoreExperimentRequest(_message.Message):
     alpha: _containers.RepeatedScalarFieldContainer[float]
     beta: _containers.RepeatedScalarFieldContainer[float]
     features: _containers.RepeatedCompositeFieldContainer[Features]
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ...) -> None: ...
+    total_tasks: int
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("values",)
@@ -188,12 +190,14 @@ class Task(_message.Message):
     def __init__(self, key: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class AddTasksRequest(_message.Message):
-    __slots__ = ("experiment", "tasks")
+    __slots__ = ("experiment", "tasks", "total_tasks")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TASKS_FIELD_NUMBER: _ClassVar[int]
     experiment: str
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
-    def __init__(self, experiment: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+    total_tasks: int
+    def __init__(self, experiment: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., total_tasks: _Optional[int] = ...) -> None: ...
 
 class AddTasksResponse(_message.Message):
     __slots__ = ("added", "num_tasks")
