@@ -41,6 +41,10 @@ class Rpc:
     request: Message | Sequence[Message]  # a sequence: the stream of a client-streaming method
     streams_response: bool = False
     bulk: bool = False  # moves a whole experiment: bulk_timeout applies instead of timeout
+    # Repeating it cannot change the outcome (a read, a select with a request
+    # key, a report): retried after DEADLINE_EXCEEDED too, whose answer may
+    # have been lost after the server acted.
+    idempotent: bool = False
 
     def stub_argument(self) -> Message | Iterator[Message]:
         """The stub method's argument, fresh for every attempt: a retried
@@ -58,7 +62,7 @@ def create_experiment(name: str, config: ExperimentConfig | None) -> Call[Experi
 
 
 def get_experiment(name: str) -> Call[Experiment]:
-    return _convert.experiment_from_proto((yield Rpc("GetExperiment", pb.GetExperimentRequest(name=name))))
+    return _convert.experiment_from_proto((yield Rpc("GetExperiment", pb.GetExperimentRequest(name=name), idempotent=True)))
 
 
 def get_or_create_experiment(name: str, config: ExperimentConfig | None) -> Call[Experiment]:
@@ -85,7 +89,9 @@ def list_experiments(page_size: int) -> Call[list[Experiment]]:
     experiments: list[Experiment] = []
     token = ""
     while True:
-        page = yield Rpc("ListExperiments", pb.ListExperimentsRequest(page_size=page_size, page_token=token))
+        page = yield Rpc(
+            "ListExperiments", pb.ListExperimentsRequest(page_size=page_size, page_token=token), idempotent=True
+        )
         experiments.extend(_convert.experiment_from_proto(e) for e in page.experiments)
         token = page.next_page_token
         if not token:
@@ -117,7 +123,7 @@ def select_batch(experiment: str, batch_size: int, request_key: str | None) -> C
     # Every select carries a key, so a retried call cannot select twice.
     key = request_key or f"auto-{uuid.uuid4().hex}"
     request = pb.SelectBatchRequest(experiment=experiment, batch_size=batch_size, request_key=key)
-    return _convert.batch_from_proto((yield Rpc("SelectBatch", request)))
+    return _convert.batch_from_proto((yield Rpc("SelectBatch", request, idempotent=True)))
 
 
 def report_outcomes(experiment: str, batch_id: str, outcomes: Mapping[str, OutcomeValue]) -> Call[ReportResult]:
@@ -126,12 +132,12 @@ def report_outcomes(experiment: str, batch_id: str, outcomes: Mapping[str, Outco
         batch_id=batch_id,
         outcomes=[pb.Outcome(key=k, successes=float(s), trials=int(n)) for k, (s, n) in outcomes.items()],
     )
-    return _convert.report_from_proto((yield Rpc("ReportOutcomes", request)))
+    return _convert.report_from_proto((yield Rpc("ReportOutcomes", request, idempotent=True)))
 
 
 def snapshot(experiment: str, include_features: bool) -> Call[Snapshot]:
     request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
-    chunks = yield Rpc("Snapshot", request, streams_response=True, bulk=True)
+    chunks = yield Rpc("Snapshot", request, streams_response=True, bulk=True, idempotent=True)
     return snapshot_from_chunks(chunks, include_features)
 
 

@@ -28,13 +28,19 @@ def with_request_id(metadata: Metadata) -> tuple[str, Metadata]:
     return request_id, ((REQUEST_ID_KEY, request_id), *metadata)
 
 
+RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE})
+RETRIED_IDEMPOTENT = RETRIED | {grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
 class Retries:
     """The retry schedule of one RPC: UNAVAILABLE (a server restart, a database
     outage) is retried after an exponential backoff with full jitter for up to
-    retry_timeout seconds; any other status is final."""
+    retry_timeout seconds, and so is DEADLINE_EXCEEDED for an idempotent RPC
+    (a hung server or network); any other status is final."""
 
-    def __init__(self, retry_timeout: float, initial: float = 0.1, maximum: float = 2.0) -> None:
+    def __init__(self, retry_timeout: float, idempotent: bool, initial: float = 0.1, maximum: float = 2.0) -> None:
         self._deadline = time.monotonic() + retry_timeout
+        self._retried = RETRIED_IDEMPOTENT if idempotent else RETRIED
         self._backoff = initial
         self._maximum = maximum
 
@@ -42,6 +48,6 @@ class Retries:
         """Seconds to wait before the next attempt, or None: give up."""
         delay = random.uniform(0, self._backoff)
         self._backoff = min(self._backoff * 2, self._maximum)
-        if code != grpc.StatusCode.UNAVAILABLE or time.monotonic() + delay > self._deadline:
+        if code not in self._retried or time.monotonic() + delay > self._deadline:
             return None
         return delay

@@ -72,9 +72,9 @@ class AsyncClient:
             return done.value
 
     async def _send(self, rpc: _calls.Rpc, request_id: str, metadata: _driver.Metadata) -> Any:
-        """One RPC with its deadline, retried on UNAVAILABLE."""
+        """One RPC with its deadline, retried as _driver.Retries says."""
         timeout = self.bulk_timeout if rpc.bulk else self.timeout
-        retries = _driver.Retries(self.retry_timeout)
+        retries = _driver.Retries(self.retry_timeout, rpc.idempotent)
         while True:
             try:
                 response = getattr(self._stub, rpc.method)(rpc.stub_argument(), timeout=timeout, metadata=metadata)

@@ -22,9 +22,10 @@ class Client:
     Every call has a deadline (`timeout` seconds; `bulk_timeout` for
     add_tasks, restore_experiment and snapshot) and is retried on UNAVAILABLE
     with exponential backoff for up to `retry_timeout` seconds, so a server
-    restart or a short database outage is ridden through. Retries are safe:
-    selects carry a request key and a batch is applied once. Errors raise
-    BotsError subclasses.
+    restart or a short database outage is ridden through. Reads, selects and
+    reports are also retried on DEADLINE_EXCEEDED (a hung server or network):
+    selects carry a request key and a batch is applied once, so a retry after
+    a lost answer returns the same result. Errors raise BotsError subclasses.
 
     `channel`: an open grpc.Channel to use as is instead of one to `target`
     (which then only names the server and may be ""), e.g. an in-process
@@ -84,9 +85,9 @@ class Client:
             return done.value
 
     def _send(self, rpc: _calls.Rpc, request_id: str, metadata: _driver.Metadata) -> Any:
-        """One RPC with its deadline, retried on UNAVAILABLE."""
+        """One RPC with its deadline, retried as _driver.Retries says."""
         timeout = self.bulk_timeout if rpc.bulk else self.timeout
-        retries = _driver.Retries(self.retry_timeout)
+        retries = _driver.Retries(self.retry_timeout, rpc.idempotent)
         while True:
             try:
                 response = getattr(self._stub, rpc.method)(rpc.stub_argument(), timeout=timeout, metadata=metadata)
