@@ -58,7 +58,9 @@ class BotsServer:
         interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(self.metrics.rpc)]
         if settings.auth_tokens:
             interceptors.append(AuthInterceptor(settings.auth_tokens))
-        self.server = grpc.aio.server(interceptors=interceptors)
+        # No SO_REUSEPORT (grpc's default): a second server on a port in use
+        # must fail, not silently take part of the new connections.
+        self.server = grpc.aio.server(interceptors=interceptors, options=(("grpc.so_reuseport", 0),))
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
         handlers.register(self.server, TaskSelectorServicer(self.selector))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -66,9 +68,12 @@ class BotsServer:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
-        self.port = self.server.add_insecure_port(settings.listen)
+        try:
+            self.port = self.server.add_insecure_port(settings.listen)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise SystemExit(f"cannot listen on {settings.listen}")
+            raise SystemExit(f"bots-server: cannot listen on {settings.listen}: the address is in use or not valid here")
         self.metrics_port: int | None = None
         self._database_up: bool | None = None
         self._tasks: list[asyncio.Task[None]] = []
