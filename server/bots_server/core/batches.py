@@ -33,7 +33,7 @@ class Batches:
         validation.experiment_name(name)
         validation.batch_request(batch_size, request_key)
         rt = self.runtime
-        async with rt.lock(name):
+        async with rt.locked(name):
             now = rt.clock()
             # One read: catch up, the batch of this request key, the leases.
             live, rows = await rt.ready(name, Lookup(request_key=request_key, leases_at=now))
@@ -82,7 +82,7 @@ class Batches:
         validation.experiment_name(name)
         validation.outcomes(batch_id, outcomes)
         rt = self.runtime
-        async with rt.lock(name):
+        async with rt.locked(name):
             live, rows = await rt.ready(name, Lookup(batch_id=batch_id))
             batch = rows.batch
             if batch is None:

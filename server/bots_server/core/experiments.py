@@ -51,7 +51,7 @@ class Experiments:
     async def delete(self, name: str) -> None:
         validation.experiment_name(name)
         rt = self.runtime
-        async with rt.lock(name):
+        async with rt.locked(name):
             row = await rt.run(rt.store.find_experiment, name)
             if row is None:
                 raise NotFound(f"experiment {name!r} not found")
@@ -69,7 +69,7 @@ class Experiments:
         if config is not None:
             validation.config(config)
         rt = self.runtime
-        async with rt.lock(source):
+        async with rt.locked(source):
             live, _ = await rt.ready(source)
             state = live.state
             copy = ExperimentCopy(
@@ -120,7 +120,7 @@ class Experiments:
     async def snapshot(self, name: str, include_features: bool = False) -> Snapshot:
         validation.experiment_name(name)
         rt = self.runtime
-        async with rt.lock(name):
+        async with rt.locked(name):
             live, _ = await rt.ready(name)
             state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
         row = await rt.run(rt.store.find_experiment, name)

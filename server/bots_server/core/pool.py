@@ -22,7 +22,7 @@ class Pool:
         """Add tasks at the prior, all or nothing. Returns (added, tasks in the experiment)."""
         validation.experiment_name(name)
         rt = self.runtime
-        async with rt.lock(name):
+        async with rt.locked(name):
             live, _ = await rt.ready(name)
             await rt.run(validation.tasks, live.config, tasks)
             keys = [task.key for task in tasks]

@@ -12,12 +12,14 @@ loop keeps serving other experiments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import dataclasses
 import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -51,7 +53,7 @@ class Runtime:
         self.observer = observer
         self.clock = clock
         self.live: dict[str, LiveExperiment] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _NamedLock] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -65,11 +67,25 @@ class Runtime:
         future = self._executor.submit(hook, *args)
         future.add_done_callback(_log_hook_failure)
 
-    def lock(self, name: str) -> asyncio.Lock:
-        lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def locked(self, name: str) -> AsyncIterator[None]:
+        """Hold the experiment's lock. A lock exists only while a call holds or
+        awaits it, so calls on names that do not exist leave nothing behind."""
+        entry = self._locks.get(name)
+        if entry is None:
+            entry = self._locks[name] = _NamedLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._locks[name]
+
+    @property
+    def locks_held(self) -> int:
+        return len(self._locks)
 
     async def ready(self, name: str, lookup: Lookup | None = None) -> tuple[LiveExperiment, LoadedRows]:
         """The experiment, rebuilt from the store if not in memory, and caught
@@ -83,7 +99,6 @@ class Runtime:
                 pass  # deleted elsewhere; the name may have been reused: look it up again
         row = await self.run(self.store.find_experiment, name)
         if row is None:
-            self._locks.pop(name, None)
             raise NotFound(f"experiment {name!r} not found")
         started = time.perf_counter()
         rows = await self.run(self.store.load, row.id, lookup=lookup)
@@ -122,6 +137,12 @@ class Runtime:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+@dataclasses.dataclass
+class _NamedLock:
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 def contended(name: str) -> Unavailable:
