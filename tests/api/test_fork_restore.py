@@ -10,6 +10,8 @@ import pytest
 
 import bots_client
 from bots_client import ExperimentConfig, Task
+from bots_client.proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2_grpc as pb_grpc
 from tests.support.servers import ServerProcess
 
 CONFIG = ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=9)
@@ -106,3 +108,22 @@ def test_restore_rejects_inconsistent_snapshots(client: bots_client.Client) -> N
         client.restore_experiment(name, duplicated)
     with pytest.raises(bots_client.NotFoundError):
         client.get_experiment(name)  # nothing was created
+
+
+def test_a_snapshot_with_the_largest_features_streams_and_restores_within_default_limits(
+    client: bots_client.Client, stub: pb_grpc.TaskSelectorStub
+) -> None:
+    """Every task at the feature bounds (64 features with 256-character
+    two-byte names): each chunk stays under gRPC's 4 MB default, and the
+    default client exports and restores the experiment."""
+    name = f"wide-{uuid.uuid4().hex[:8]}"
+    client.create_experiment(name)
+    features = {f"{i:02d}" + "é" * 254: float(i) for i in range(64)}
+    client.add_tasks(name, [Task(f"task-{i}", features) for i in range(200)])
+    chunks = list(stub.Snapshot(pb.SnapshotRequest(experiment=name, include_features=True)))
+    assert len(chunks) > 1
+    assert max(c.ByteSize() for c in chunks) < 4 * 1024 * 1024
+    snapshot = client.snapshot(name, include_features=True)
+    restored = client.restore_experiment(f"{name}-copy", snapshot)
+    assert restored.num_tasks == 200
+    assert client.snapshot(f"{name}-copy", include_features=True).features == snapshot.features
