@@ -33,7 +33,6 @@ import collections
 import dataclasses
 import datetime as dt
 import functools
-import inspect
 import json
 import re
 import resource
@@ -548,14 +547,14 @@ async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     import bots_server.core.batches as batches_module
     from bots_server.core.domain import Outcome
     from bots_server.core.selector import SelectorService
-    from bots_server.store import Store
+    from bots_server.store import open_store
 
     n, steps = cfg.breakdown_pool, cfg.breakdown_steps
-    store = Store(url)
+    store = open_store(url)
     store.migrate()
     rec = Recorder()
     rec.listen(store.engine)
-    for attr in ("find_batch", "leased_tasks", "insert_batch", "commit_report", "load", "find_experiment"):
+    for attr in ("insert_batch", "commit_report", "load", "find_experiment"):
         rec.wrap(store, attr)
     original_choose = batches_module._choose
     rec.wrap(batches_module, "_choose", "engine select (_choose)")
@@ -609,19 +608,21 @@ async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
 
 
 def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
-    """Time Store.leased_tasks / find_batch with 0..K reported batches of B tasks in the tables."""
+    """Time the store's reads of the leased tasks and of one batch (Store.load
+    with a Lookup, as a select and a report make them) with 0..K reported
+    batches of B tasks in the tables."""
     from bots_client.types import ExperimentConfig
-    from bots_server.store import BatchRow, Store
+    from bots_server.store import BatchRow, Lookup, open_store
     from bots_server.store import schema as t
 
-    store = Store(url)
+    store = open_store(url)
     store.migrate()
     now = dt.datetime.now(dt.UTC)
     # SQLite rows written by hand take SQLAlchemy's text format for DateTime.
-    stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f") if store.is_sqlite else now
+    stamp = now.strftime("%Y-%m-%d %H:%M:%S.%f") if backend == "sqlite" else now
     later = (
         (now + dt.timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
-        if store.is_sqlite
+        if backend == "sqlite"
         else now + dt.timedelta(hours=1)
     )
     row = store.create_experiment("history", ExperimentConfig(), now)
@@ -653,7 +654,7 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                     store._bulk_insert(
                         conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), tasks
                     )
-                if not store.is_sqlite:
+                if backend != "sqlite":
                     with store.engine.connect() as conn:
                         conn.exec_driver_sql("ANALYZE batches")
                         conn.exec_driver_sql("ANALYZE batch_tasks")
@@ -661,25 +662,19 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                 have = target
             # one open batch, as during training
             open_id = uuid.uuid4().hex
+            current = store.find_experiment("history")
             open_row = BatchRow(
-                open_id,
-                f"open-{open_id}",
-                _experiment_step(store, row.id),
-                list(range(b)),
-                now,
-                now + dt.timedelta(hours=1),
-                None,
+                open_id, f"open-{open_id}", current.step, list(range(b)), now, now + dt.timedelta(hours=1), None
             )
-            if "now" in inspect.signature(store.insert_batch).parameters:
-                store.insert_batch(row.id, open_row, now)
-            else:  # the store before f49fef8
-                store.insert_batch(row.id, open_row)
+            store.insert_batch(row.id, open_row, now)
+            # The catch-up read of a replica that is up to date, with each lookup.
+            read = functools.partial(store.load, row.id, after_step=current.step, first_task=current.num_tasks)
             leased, found, rewritten = [], [], []
             for _ in range(15):
                 t0 = time.perf_counter()
-                expected = sorted(store.leased_tasks(row.id, now))
+                expected = sorted(read(lookup=Lookup(leases_at=now)).leased)
                 t1 = time.perf_counter()
-                store.find_batch(row.id, batch_id=open_id)
+                assert read(lookup=Lookup(batch_id=open_id)).batch.batch_id == open_id
                 t2 = time.perf_counter()
                 with store.engine.connect() as conn:
                     got = sorted(conn.execute(_LEASED_REWRITTEN, {"e": row.id, "now": stamp}).scalars())
@@ -693,17 +688,17 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
             point = {
                 "reported_batches": have,
                 "batch_tasks_rows": have * b,
-                "leased_tasks_ms": float(np.median(leased)) * 1e3,
-                "find_batch_ms": float(np.median(found)) * 1e3,
+                "load_leases_ms": float(np.median(leased)) * 1e3,
+                "load_batch_ms": float(np.median(found)) * 1e3,
                 "leased_tasks_rewritten_ms": float(np.median(rewritten)) * 1e3,
             }
             out["points"].append(point)
             log(
-                f"    {backend}: {have:>6} reported batches ({have * b:>9,} batch_tasks rows): leased_tasks "
-                f"{point['leased_tasks_ms']:.2f} ms (rewritten as IN (subquery): {point['leased_tasks_rewritten_ms']:.2f} ms), "
-                f"find_batch {point['find_batch_ms']:.2f} ms"
+                f"    {backend}: {have:>6} reported batches ({have * b:>9,} batch_tasks rows): load with leases "
+                f"{point['load_leases_ms']:.2f} ms (the lease query alone as IN (subquery): "
+                f"{point['leased_tasks_rewritten_ms']:.2f} ms), load with a batch {point['load_batch_ms']:.2f} ms"
             )
-        if store.is_sqlite:
+        if backend == "sqlite":
             with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
                 out["sqlite_plan"] = [
                     r[3]
@@ -750,10 +745,10 @@ def insert_probe(backend: str, url: str, cfg: PerfConfig, repeats: int = 30) -> 
     one INSERT ... SELECT unnest(arrays) (PostgreSQL); beside a transaction
     that only updates the experiment row (the fixed cost)."""
     from bots_client.types import ExperimentConfig
-    from bots_server.store import Store
+    from bots_server.store import open_store
     from bots_server.store import schema as t
 
-    store = Store(url)
+    store = open_store(url)
     store.migrate()
     now = dt.datetime.now(dt.UTC)
     row = store.create_experiment("inserts", ExperimentConfig(), now)
@@ -770,7 +765,7 @@ def insert_probe(backend: str, url: str, cfg: PerfConfig, repeats: int = 30) -> 
     try:
         for i in range(repeats):
             kinds = ["empty transaction", "executemany", "multi-row INSERT", "bulk (COPY / sqlite3 executemany)"]
-            if not store.is_sqlite:
+            if backend != "sqlite":
                 kinds.append("INSERT ... SELECT unnest(arrays)")
             for how in kinds:
                 step += 1
@@ -813,10 +808,10 @@ def contention_probe(url: str, cfg: PerfConfig, seconds: float) -> dict[str, Any
     what-if for a fix; the server is not modified)."""
     import threading
 
-    import bots_server.store.store as store_module
+    from bots_server.store.sql import SqlStore
 
     results: dict[str, Any] = {"backend": "sqlite", "pool": cfg.throughput_pool, "seconds": seconds, "runs": []}
-    original = store_module.Store._write
+    original = SqlStore._write
     for variant in ("as is", "process-wide lock (what-if)"):
         for k in (1, 8):
             waits: list[float] = []
@@ -831,12 +826,12 @@ def contention_probe(url: str, cfg: PerfConfig, seconds: float) -> dict[str, Any
                     _waits.append(time.perf_counter() - started)
                     yield conn
 
-            store_module.Store._write = write
+            SqlStore._write = write
             try:
                 with common.database("sqlite") as scratch:
                     cycles = asyncio.run(_contention_run(scratch, k, cfg, seconds, waits))
             finally:
-                store_module.Store._write = original
+                SqlStore._write = original
             run = {
                 "variant": variant,
                 "experiments": k,
@@ -861,9 +856,9 @@ def _nullcontext() -> Iterator[None]:
 async def _contention_run(url: str, k: int, cfg: PerfConfig, seconds: float, waits: list[float]) -> list[float]:
     from bots_server.core.domain import Outcome
     from bots_server.core.selector import SelectorService
-    from bots_server.store import Store
+    from bots_server.store import open_store
 
-    store = Store(url)
+    store = open_store(url)
     store.migrate()
     service = SelectorService(store)
     tasks = server_tasks(cfg.throughput_pool)
@@ -909,9 +904,9 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
     import tracemalloc
 
     from bots_server.core.experiment import LiveExperiment
-    from bots_server.store import Store
+    from bots_server.store import open_store
 
-    store = Store(url)
+    store = open_store(url)
     store.migrate()
     now = dt.datetime.now(dt.UTC)
     row = store.create_experiment("rebuild", server_config(), now)
@@ -969,13 +964,6 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
         f"live {out['live_bytes_per_task']:.0f} B/task, peak while loading {out['peak_bytes_per_task']:.0f} B/task"
     )
     return out
-
-
-def _experiment_step(store: Any, experiment_id: int) -> int:
-    from bots_server.store import schema as t
-
-    with store.engine.connect() as conn:
-        return int(conn.execute(t.experiments.select().where(t.experiments.c.id == experiment_id)).one().step)
 
 
 # -- reporting ---------------------------------------------------------------------------------------------
@@ -1105,14 +1093,14 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
             "",
             "Lease query as the batch history grows (median ms; the store runs it twice per select: in the read, and again under the row lock):",
             "",
-            "| backend | reported batches | batch_tasks rows | Store.leased_tasks | same query as IN (subquery) | Store.find_batch |",
+            "| backend | reported batches | batch_tasks rows | Store.load with leases | the lease query alone, IN (subquery) | Store.load with a batch |",
             "|---|---|---|---|---|---|",
         ]
         for h in result["history"]:
             for p in h["points"]:
                 lines.append(
-                    f"| {h['backend']} | {p['reported_batches']:,} | {p['batch_tasks_rows']:,} | {p['leased_tasks_ms']:.2f} | "
-                    f"{p.get('leased_tasks_rewritten_ms', float('nan')):.2f} | {p['find_batch_ms']:.2f} |"
+                    f"| {h['backend']} | {p['reported_batches']:,} | {p['batch_tasks_rows']:,} | {p['load_leases_ms']:.2f} | "
+                    f"{p['leased_tasks_rewritten_ms']:.2f} | {p['load_batch_ms']:.2f} |"
                 )
     if result.get("contention"):
         c = result["contention"]

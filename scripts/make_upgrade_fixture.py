@@ -65,7 +65,7 @@ from alembic.script import ScriptDirectory  # noqa: E402
 
 import bots_client  # noqa: E402
 from bots_client import ExperimentConfig, Task  # noqa: E402
-from bots_server.store.store import _MIGRATIONS  # noqa: E402
+from bots_server.store.revisions import MIGRATIONS  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     REPO,
     ServerProcess,
@@ -330,7 +330,7 @@ def make_postgresql(output: Path) -> dict[str, Any]:
 
 def check_version() -> None:
     version = metadata.version("bots-server")
-    heads = ScriptDirectory(str(_MIGRATIONS)).get_heads()
+    heads = ScriptDirectory(str(MIGRATIONS)).get_heads()
     if version != VERSION or heads != [SCHEMA_REVISION]:
         sys.exit(
             f"this is bots-server {version} at schema revision {heads}; the fixture must be written by "

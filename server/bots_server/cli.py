@@ -21,7 +21,7 @@ from typing import IO
 
 import bots_client
 from bots_server import logs, settings
-from bots_server.store import DatabaseInUse, Store
+from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 
@@ -40,13 +40,12 @@ def _migrate(args: argparse.Namespace) -> int:
     --wait-seconds for the database: in Kubernetes the migrate job or init
     container may start before PostgreSQL accepts connections."""
     from bots_server.errors import Unavailable
-    from bots_server.service.server import migrate_schema, schema_is_current
 
     logs.configure("INFO", args.log_format)
     try:
         # On SQLite, never migrate a file a running server holds.
-        store = Store(args.db, exclusive=not args.check)
-    except DatabaseInUse as e:
+        store = open_store(args.db, exclusive=not args.check)
+    except (DatabaseInUse, UnsupportedDatabase) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     deadline = time.monotonic() + args.wait_seconds
@@ -54,12 +53,12 @@ def _migrate(args: argparse.Namespace) -> int:
         while True:
             try:
                 if args.check:
-                    current, revisions, heads = schema_is_current(store)
+                    current, revisions, heads = store.schema_status()
                     if not current:
                         print(f"schema is at {revisions or 'nothing (empty database)'}; the code needs {heads}")
                         return 3
                 else:
-                    migrate_schema(store)
+                    store.migrate()
                 break
             except Unavailable as e:
                 if time.monotonic() >= deadline:

@@ -41,14 +41,13 @@ def test_check_then_migrate_then_serve_without_migrating(tmp_path: Path) -> None
 
 def _migrate_at_barrier(url: str, barrier: BarrierType) -> str:
     """In a child process: connect, wait for the others, then migrate."""
-    from bots_server.service.server import migrate_schema
-    from bots_server.store import Store
+    from bots_server.store import open_store
 
-    store = Store(url)
+    store = open_store(url)
     try:
         store.ping()
         barrier.wait(timeout=60)
-        migrate_schema(store)
+        store.migrate()
         return "ok"
     except Exception as e:  # noqa: BLE001 - reported to the test
         return f"{type(e).__name__}: {e}"

@@ -11,12 +11,13 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 import bots_client
-from bots_server.store import Store
-from bots_server.store.store import _MIGRATIONS
+from bots_server.store import open_store
+from bots_server.store.revisions import MIGRATIONS
+from bots_server.store.sql import SqlStore
 from tests.support.servers import ServerProcess
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-REVISIONS = [r.revision for r in reversed(list(ScriptDirectory(str(_MIGRATIONS)).walk_revisions()))]
+REVISIONS = [r.revision for r in reversed(list(ScriptDirectory(str(MIGRATIONS)).walk_revisions()))]
 
 # The seeded event: task 0 reported 4 of 16 at step 2, every task has
 # reference pass rates w = 0.1, s = 0.6, the checkpoint's capability is 0.5.
@@ -24,7 +25,7 @@ C_HAT = (0.25 - 0.1) / (0.6 - 0.1 + 1e-6)
 CAPABILITY = 0.9 * 0.5 + 0.1 * C_HAT
 
 
-def seed_experiment(store: Store) -> None:
+def seed_experiment(store: SqlStore) -> None:
     """An experiment with 3 tasks, a checkpoint at step 1 and an event at step
     2, written with the columns of the revision the database is at."""
     tables = sa.MetaData()
@@ -66,7 +67,8 @@ def test_revisions_are_a_single_line_ending_at_head() -> None:
 
 @pytest.mark.parametrize("start", REVISIONS[:-1])
 def test_upgrade_from_every_earlier_revision(fresh_db_url: str, start: str) -> None:
-    store = Store(fresh_db_url)
+    store = open_store(fresh_db_url)
+    assert isinstance(store, SqlStore)  # seeded through its engine
     store.migrate(start)
     seed_experiment(store)
     store.migrate()  # to head

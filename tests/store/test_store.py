@@ -12,33 +12,35 @@ from alembic.migration import MigrationContext
 
 from bots_client import ExperimentConfig
 from bots_server.errors import AlreadyExists
-from bots_server.store import BatchRow, LeaseConflict, StaleStep, StepEvent, Store
+from bots_server.store import BatchRow, LeaseConflict, StaleStep, StepEvent, open_store
 from bots_server.store.schema import metadata
+from bots_server.store.sql import SqlStore
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @pytest.fixture
-def store(fresh_db_url: str) -> Store:
-    s = Store(fresh_db_url)
+def store(fresh_db_url: str) -> SqlStore:
+    s = open_store(fresh_db_url)
+    assert isinstance(s, SqlStore)  # the tests read its tables
     s.migrate()
     yield s
     s.close()
 
 
-def test_migrations_create_exactly_the_declared_schema(store: Store) -> None:
+def test_migrations_create_exactly_the_declared_schema(store: SqlStore) -> None:
     with store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
     assert diff == []
 
 
-def test_migrate_is_idempotent(store: Store) -> None:
+def test_migrate_is_idempotent(store: SqlStore) -> None:
     store.migrate()
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one() == "0002"
 
 
-def count_rows(store: Store) -> int:
+def count_rows(store: SqlStore) -> int:
     with store.engine.connect() as conn:
         return sum(
             conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
@@ -46,7 +48,7 @@ def count_rows(store: Store) -> int:
         )
 
 
-def rows_per_report(store: Store, pool: int, batch: int) -> int:
+def rows_per_report(store: SqlStore, pool: int, batch: int) -> int:
     name = f"pool-{pool}"
     row = store.create_experiment(name, ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, [f"k{i}" for i in range(pool)], [{}] * pool)
@@ -57,14 +59,14 @@ def rows_per_report(store: Store, pool: int, batch: int) -> int:
     return count_rows(store) - before
 
 
-def test_rows_written_per_report_do_not_grow_with_the_pool(store: Store) -> None:
+def test_rows_written_per_report_do_not_grow_with_the_pool(store: SqlStore) -> None:
     # One steps row plus one outcomes row per reported task; the experiment
     # and batch rows are updated in place.
     assert rows_per_report(store, pool=100, batch=16) == 17
     assert rows_per_report(store, pool=20_000, batch=16) == 17
 
 
-def test_report_is_a_compare_and_set_on_the_step(store: Store) -> None:
+def test_report_is_a_compare_and_set_on_the_step(store: SqlStore) -> None:
     row = store.create_experiment("cas", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
     store.insert_batch(row.id, BatchRow("b1", "r1", 0, [0], NOW, NOW, None), NOW)
@@ -78,7 +80,7 @@ def test_report_is_a_compare_and_set_on_the_step(store: Store) -> None:
         store.add_tasks(row.id, 1, ["c"], [{}])
 
 
-def test_duplicate_keys_name_the_keys_and_write_nothing(store: Store) -> None:
+def test_duplicate_keys_name_the_keys_and_write_nothing(store: SqlStore) -> None:
     row = store.create_experiment("dups", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
     before = count_rows(store)
@@ -88,7 +90,7 @@ def test_duplicate_keys_name_the_keys_and_write_nothing(store: Store) -> None:
     assert store.find_experiment("dups").num_tasks == 2
 
 
-def test_request_key_race_returns_the_stored_batch(store: Store) -> None:
+def test_request_key_race_returns_the_stored_batch(store: SqlStore) -> None:
     row = store.create_experiment("race", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
     first = store.insert_batch(row.id, BatchRow("b1", "same", 0, [0], NOW, NOW, None), NOW)
@@ -96,7 +98,7 @@ def test_request_key_race_returns_the_stored_batch(store: Store) -> None:
     assert second == first
 
 
-def test_checkpointed_posteriors_are_plain_rows(store: Store) -> None:
+def test_checkpointed_posteriors_are_plain_rows(store: SqlStore) -> None:
     row = store.create_experiment("plain", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["x", "y"], [{}, {}])
     assert store.write_checkpoint(row.id, 3, 0.25, [2.5, 1.0], [1.5, 4.0], NOW)
@@ -109,7 +111,7 @@ def test_checkpointed_posteriors_are_plain_rows(store: Store) -> None:
     assert [tuple(r) for r in rows] == [("x", 2.5, 1.5, 2.5 / 4.0, 3), ("y", 1.0, 4.0, 0.2, 3)]
 
 
-def test_delete_removes_every_row_of_the_experiment(store: Store) -> None:
+def test_delete_removes_every_row_of_the_experiment(store: SqlStore) -> None:
     keep = store.create_experiment("keep", ExperimentConfig(), NOW)
     store.add_tasks(keep.id, 0, ["a"], [{}])
     baseline = count_rows(store)
@@ -122,7 +124,7 @@ def test_delete_removes_every_row_of_the_experiment(store: Store) -> None:
     assert count_rows(store) == baseline
 
 
-def test_insert_batch_checks_step_and_leases_under_the_lock(store: Store) -> None:
+def test_insert_batch_checks_step_and_leases_under_the_lock(store: SqlStore) -> None:
     later = NOW + dt.timedelta(hours=1)
     row = store.create_experiment("leases", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["a", "b", "c"], [{}, {}, {}])

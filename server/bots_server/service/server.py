@@ -11,11 +11,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from pathlib import Path
 
 import grpc
-import sqlalchemy
-import sqlalchemy.exc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -30,7 +27,7 @@ from bots_server.service import handlers
 from bots_server.service.interceptors import AuthInterceptor, MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.servicer import TaskSelectorServicer
 from bots_server.settings import ServerSettings, split_host_port
-from bots_server.store import DatabaseInUse, Store
+from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +44,7 @@ class BotsServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.metrics = Metrics(version=bots_server.__version__)
-        self.store = Store(settings.db, exclusive=True, on_error=self.metrics.database_error)
+        self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)
         self.selector = SelectorService(
             self.store,
             checkpoint_policy=CheckpointPolicy(settings.checkpoint_every_steps, settings.checkpoint_every_seconds),
@@ -80,7 +77,7 @@ class BotsServer:
 
     async def start(self) -> None:
         if self.settings.migrate:
-            await asyncio.to_thread(migrate_schema, self.store)
+            await asyncio.to_thread(self.store.migrate)
         self._start_metrics()
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -98,7 +95,7 @@ class BotsServer:
                 "metrics_listen": self.settings.metrics_listen,
                 "metrics_port": self.metrics_port,
                 "auth": bool(self.settings.auth_tokens),
-                "db": _redact(self.settings.db),
+                "db": self.store.display_url,
             },
         )
 
@@ -153,64 +150,10 @@ class BotsServer:
         log.info("stopped")
 
 
-# pg_advisory_lock key ("bots" in ASCII): serializes schema upgrades, so that
-# replicas starting together (or migrate init containers) do not race on DDL.
-_MIGRATION_LOCK_KEY = 0x626F7473
-
-
-def migrate_schema(store: Store) -> None:
-    """Upgrade the schema to the latest revision, one migrator at a time.
-
-    On PostgreSQL a session advisory lock is held around the upgrade (the
-    next migrator waits, then finds nothing to do); SQLite serializes writers
-    with BEGIN IMMEDIATE already.
-    """
-    if store.is_sqlite:
-        store.migrate()
-        return
-    try:
-        conn = store.engine.connect()
-    except sqlalchemy.exc.DBAPIError as e:
-        raise Unavailable(f"database unavailable: {str(e.orig).strip().splitlines()[0]}") from e
-    try:
-        conn.exec_driver_sql(f"SELECT pg_advisory_lock({_MIGRATION_LOCK_KEY})")
-        conn.commit()
-        store.migrate()
-    finally:
-        # The lock belongs to the session, and pooled connections outlive
-        # this call: release it explicitly.
-        with contextlib.suppress(sqlalchemy.exc.DBAPIError):
-            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_MIGRATION_LOCK_KEY})")
-            conn.commit()
-        conn.close()
-
-
-def schema_is_current(store: Store) -> tuple[bool, list[str], list[str]]:
-    """(current?, the database's revisions, the code's head revisions)."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    import bots_server.store
-
-    scripts = ScriptDirectory(str(Path(bots_server.store.__file__).parent / "migrations"))
-    heads = sorted(scripts.get_heads())
-    try:
-        with store.engine.connect() as conn:
-            current = sorted(MigrationContext.configure(conn).get_current_heads())
-    except sqlalchemy.exc.DBAPIError as e:
-        raise Unavailable(f"database unavailable: {str(e.orig).strip().splitlines()[0]}") from e
-    return current == heads, current, heads
-
-
-def _redact(url: str) -> str:
-    """The database URL without its password, for logs."""
-    return sqlalchemy.make_url(url).render_as_string(hide_password=True)
-
-
 async def serve(settings: ServerSettings) -> None:
     try:
         server = BotsServer(settings)
-    except DatabaseInUse as e:
+    except (DatabaseInUse, UnsupportedDatabase) as e:
         raise SystemExit(f"bots-server: {e}") from None
     await server.start()
     stop = asyncio.Event()

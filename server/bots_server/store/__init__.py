@@ -1,7 +1,51 @@
-"""Persistence (SQLAlchemy Core; SQLite or PostgreSQL). No math here."""
+"""Persistence: the Store contract (base.py) and its SQL implementation
+(sql.py) with a dialect each for SQLite and PostgreSQL. No math here."""
 
-from bots_server.store.records import BatchRow, CheckpointRow, ExperimentCopy, ExperimentRow, LoadedRows, Lookup, StepEvent
-from bots_server.store.store import BatchAlreadyReported, DatabaseInUse, LeaseConflict, StaleStep, Store
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import exc, make_url
+
+from bots_server.store.base import Store
+from bots_server.store.errors import BatchAlreadyReported, DatabaseInUse, LeaseConflict, StaleStep, UnsupportedDatabase
+from bots_server.store.postgresql import PostgresStore
+from bots_server.store.records import (
+    BatchRow,
+    CheckpointRow,
+    ExperimentCopy,
+    ExperimentRow,
+    LoadedRows,
+    Lookup,
+    SchemaStatus,
+    StepEvent,
+)
+from bots_server.store.sqlite import SqliteStore
+
+_EXPECTED = "expected sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
+def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], None] | None = None) -> Store:
+    """The store of the database at `url`, its dialect chosen by the scheme.
+
+    `exclusive`: on SQLite, hold an advisory lock on FILE.lock for the store's
+    life; opening a second exclusive store on the file (another server)
+    raises DatabaseInUse. PostgreSQL serves any number of replicas and
+    ignores it. `on_error(kind)` is called for every database error a method
+    raises (kinds: see sql.error_kind); the server counts them in a metric.
+    Raises UnsupportedDatabase for any other scheme or driver.
+    """
+    try:
+        drivername = make_url(url).drivername
+    except exc.ArgumentError:
+        # Not echoed: the text may hold a password.
+        raise UnsupportedDatabase(f"cannot parse the database URL; {_EXPECTED}") from None
+    if drivername in ("sqlite", "sqlite+pysqlite"):
+        return SqliteStore(url, exclusive=exclusive, on_error=on_error)
+    if drivername == "postgresql+psycopg":  # the dialect's COPY and error handling are psycopg 3's
+        return PostgresStore(url, on_error=on_error)
+    raise UnsupportedDatabase(f"unsupported database URL scheme {drivername!r}; {_EXPECTED}")
+
 
 __all__ = [
     "BatchAlreadyReported",
@@ -13,7 +57,10 @@ __all__ = [
     "LeaseConflict",
     "LoadedRows",
     "Lookup",
+    "SchemaStatus",
     "StaleStep",
     "StepEvent",
     "Store",
+    "UnsupportedDatabase",
+    "open_store",
 ]

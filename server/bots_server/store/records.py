@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from bots_server.core.domain import ExperimentConfig
 
@@ -96,3 +97,11 @@ class ExperimentCopy:
     source_id: int | None = None
     keys: list[str] | None = None
     features: list[dict[str, float]] | None = None
+
+
+class SchemaStatus(NamedTuple):
+    """Where the database's schema stands against the code's migrations."""
+
+    current: bool  # the database is at the code's head revision(s)
+    revisions: list[str]  # the database's revisions (empty: no schema yet)
+    heads: list[str]  # the code's head revisions

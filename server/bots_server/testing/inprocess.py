@@ -20,7 +20,7 @@ import grpc
 from bots_server.core.selector import SelectorService
 from bots_server.service import handlers
 from bots_server.service.servicer import TaskSelectorServicer
-from bots_server.store import Store
+from bots_server.store import Store, open_store
 
 T = TypeVar("T")
 
@@ -100,10 +100,8 @@ class InProcessService:
 
 
 def _open_store(db_url: str) -> Store:
-    from bots_server.service.server import migrate_schema
-
-    store = Store(db_url, exclusive=True)
-    migrate_schema(store)
+    store = open_store(db_url, exclusive=True)
+    store.migrate()
     return store
 
 

@@ -1,4 +1,4 @@
-"""Alembic environment: run by bots_server.store.migrate with an open connection,
+"""Alembic environment: run by bots_server.store.revisions.upgrade with an open connection,
 or by the alembic CLI with `-x url=...` (for writing new revisions)."""
 
 from alembic import context

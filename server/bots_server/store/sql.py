@@ -1,4 +1,8 @@
-"""The SQL store: every read and write of the service, one transaction each.
+"""The store in SQLAlchemy Core, shared by the SQLite and PostgreSQL dialects.
+
+Every method is one transaction. What differs between the two databases goes
+through the hook methods at the end of SqlStore, implemented in sqlite.py and
+postgresql.py; nothing here depends on either.
 
 Database errors are translated here, in one place: connection loss, timeouts
 and a locked SQLite file become `Unavailable` (retryable); constraint
@@ -7,31 +11,27 @@ violations become domain errors.
 
 from __future__ import annotations
 
-import contextlib
+import abc
 import dataclasses
 import datetime as dt
-import fcntl
 import functools
-import itertools
 import json
 import logging
-import os
-import pathlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import IO, Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from sqlalchemy import event, exc
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import exc
+from sqlalchemy.engine import URL, Connection, Engine
 
 from bots_server.core.domain import ExperimentConfig
 from bots_server.errors import AlreadyExists, Unavailable
+from bots_server.store import revisions
 from bots_server.store import schema as t
+from bots_server.store.base import Store
+from bots_server.store.errors import BatchAlreadyReported, LeaseConflict, StaleStep
 from bots_server.store.records import (
     BatchRow,
     CheckpointRow,
@@ -39,6 +39,7 @@ from bots_server.store.records import (
     ExperimentRow,
     LoadedRows,
     Lookup,
+    SchemaStatus,
     StepEvent,
 )
 
@@ -48,19 +49,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _CONFIG_COLUMNS = tuple(f.name for f in dataclasses.fields(ExperimentConfig))
-_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
-
-
-class StaleStep(Exception):
-    """The experiment moved on (another replica or a racing call): re-read and retry."""
-
-
-class BatchAlreadyReported(Exception):
-    """A concurrent report of the same batch committed first."""
-
-
-class LeaseConflict(Exception):
-    """Another writer leased some of the chosen tasks first: choose again."""
 
 
 def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -98,7 +86,7 @@ def _count_error(args: tuple[object, ...], e: exc.SQLAlchemyError) -> None:
     if on_error is not None:
         try:
             on_error(error_kind(e))
-        except Exception:  # noqa: BLE001 - counting must never mask the database error
+        except Exception:  # counting must never mask the database error
             log.exception("database error callback failed")
 
 
@@ -106,143 +94,58 @@ def _first_line(e: BaseException) -> str:
     return str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def _lock_sqlite_file(database: str) -> IO[str]:
-    path = pathlib.Path(database).resolve()
-    lock = open(f"{path}.lock", "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "unknown"
-        lock.close()
-        raise DatabaseInUse(
-            f"SQLite database {path} is in use by another bots-server (pid {holder}); "
-            "SQLite allows one server per file: stop the other one, or use PostgreSQL for several replicas"
-        ) from None
-    lock.truncate(0)
-    lock.write(str(os.getpid()))
-    lock.flush()
-    return lock
-
-
 def _utc(value: dt.datetime) -> dt.datetime:
     """SQLite returns naive datetimes; every stored time is UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
-class DatabaseInUse(Exception):
-    """Another server process holds this SQLite file."""
+class SqlStore(Store):
+    """All SQL of the service, over an engine a dialect configured.
 
-
-class Store:
-    """All SQL of the service.
-
-    `exclusive`: on SQLite, hold an advisory lock on FILE.lock for the store's
-    life, so a second server on the same file fails with a clear error instead
-    of two writers caching diverging state. `on_error(kind)` is called for every
-    database error a method raises (kinds: see error_kind); the server counts
-    them in a metric.
+    `engine` is public for tests, benchmarks and tooling that read the tables
+    directly; the core uses the Store methods only. `on_error(kind)` is
+    called for every database error a method raises (kinds: see error_kind).
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        exclusive: bool = False,
-        busy_timeout_ms: int = 10_000,
-        connect_timeout_s: int = 5,
-        statement_timeout_ms: int = 120_000,
-        on_error: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, url: URL, engine: Engine, on_error: Callable[[str], None] | None) -> None:
+        self.url = url
+        self.engine = engine
         self.on_error = on_error
-        self.url = sa.make_url(url)
-        self.is_sqlite = self.url.get_backend_name() == "sqlite"
-        self._lock_file: IO[str] | None = None
-        if exclusive and self.is_sqlite and self.url.database not in (None, "", ":memory:"):
-            self._lock_file = _lock_sqlite_file(str(self.url.database))
-        self.engine = self._create_engine(busy_timeout_ms, connect_timeout_s, statement_timeout_ms)
-        self._sqlite_writer: contextlib.AbstractContextManager[Any] = (
-            threading.Lock() if self.is_sqlite else contextlib.nullcontext()
-        )
 
-    def _create_engine(self, busy_timeout_ms: int, connect_timeout_s: int, statement_timeout_ms: int) -> Engine:
-        if not self.is_sqlite:
-            # Fail fast instead of hanging: bounded connect, statement and lock
-            # waits, and TCP keepalives to notice a database host that vanished.
-            return sa.create_engine(
-                self.url,
-                # No ping per checkout (a round trip per transaction): a dead
-                # connection fails its call with Unavailable, which clients
-                # retry, and the disconnect invalidates the whole pool.
-                pool_pre_ping=False,
-                pool_recycle=1800,
-                pool_size=8,
-                max_overflow=8,
-                pool_timeout=connect_timeout_s,
-                connect_args={
-                    "connect_timeout": connect_timeout_s,
-                    "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={statement_timeout_ms}",
-                    "keepalives": 1,
-                    "keepalives_idle": 10,
-                    "keepalives_interval": 5,
-                    "keepalives_count": 3,
-                },
-            )
-        engine = sa.create_engine(self.url, connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.isolation_level = None  # transactions are begun below, explicitly
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")  # an acknowledged report survives power loss
-            cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            # Writers take the lock up front: a deferred transaction that reads
-            # and then writes can fail with SQLITE_BUSY despite the busy timeout.
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
-
-        return engine
+    @property
+    def display_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        # SQLite has one writer at a time; queueing this process's writers on a
-        # lock is fairer and faster than SQLite's sleeping busy handler.
-        with self._sqlite_writer, self.engine.connect() as conn:
-            conn.execution_options(write=True)
-            with conn.begin():
-                yield conn
+        with self._write_connection() as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[Connection]:
         """A read transaction; `snapshot`: every statement sees the same
-        snapshot on PostgreSQL too (REPEATABLE READ, which costs extra round
-        trips to set and reset, so only where statements must agree)."""
+        snapshot (where the dialect must ask for it, it costs extra round
+        trips, so only where statements must agree)."""
         with self.engine.connect() as conn:
-            if snapshot and not self.is_sqlite:
-                conn.execution_options(isolation_level="REPEATABLE READ")
+            if snapshot:
+                self._snapshot(conn)
             with conn.begin():
                 yield conn
 
     def close(self) -> None:
         self.engine.dispose()
-        if self._lock_file is not None:
-            self._lock_file.close()  # releases the lock
-            self._lock_file = None
 
     # -- schema -----------------------------------------------------------
 
     @_translate_errors
     def migrate(self, revision: str = "head") -> None:
-        """Create or upgrade the schema with the Alembic migrations."""
-        config = AlembicConfig()
-        config.set_main_option("script_location", str(_MIGRATIONS))
-        with self._write() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, revision)
+        with self._migration_lock(), self._write() as conn:
+            revisions.upgrade(conn, revision)
+
+    @_translate_errors
+    def schema_status(self) -> SchemaStatus:
+        with self._read() as conn:
+            return revisions.status(conn)
 
     @_translate_errors
     def ping(self) -> None:
@@ -256,9 +159,7 @@ class Store:
         values = {c: getattr(config, c) for c in _CONFIG_COLUMNS}
         try:
             with self._write() as conn:
-                experiment_id = conn.execute(
-                    t.experiments.insert().values(name=name, step=0, num_tasks=0, create_time=now, **values)
-                ).inserted_primary_key[0]
+                experiment_id = _insert_experiment(conn, name=name, step=0, num_tasks=0, create_time=now, **values)
                 conn.execute(
                     t.checkpoints.insert().values(
                         experiment_id=experiment_id, step=0, num_tasks=0, capability=None, create_time=now
@@ -270,23 +171,20 @@ class Store:
 
     @_translate_errors
     def create_copy(self, copy: ExperimentCopy, now: dt.datetime) -> ExperimentRow:
-        """A new experiment starting at a given posterior and step, in one
-        transaction: its tasks, a checkpoint at that step, no events yet."""
         values = {c: getattr(copy.config, c) for c in _CONFIG_COLUMNS}
         n = len(copy.alpha)
         try:
             with self._write() as conn:
-                experiment_id = conn.execute(
-                    t.experiments.insert().values(
-                        name=copy.name,
-                        step=copy.step,
-                        num_tasks=n,
-                        create_time=now,
-                        forked_from=copy.forked_from,
-                        forked_at_step=copy.step,
-                        **values,
-                    )
-                ).inserted_primary_key[0]
+                experiment_id = _insert_experiment(
+                    conn,
+                    name=copy.name,
+                    step=copy.step,
+                    num_tasks=n,
+                    create_time=now,
+                    forked_from=copy.forked_from,
+                    forked_at_step=copy.step,
+                    **values,
+                )
                 if copy.source_id is not None:
                     conn.execute(
                         t.tasks.insert().from_select(
@@ -353,11 +251,6 @@ class Store:
     def add_tasks(
         self, experiment_id: int, expected_num_tasks: int, keys: Sequence[str], features: Sequence[dict[str, float]]
     ) -> int:
-        """Append tasks at indices expected_num_tasks.. in one transaction.
-
-        Raises StaleStep if another writer added tasks first, AlreadyExists
-        naming up to 5 keys the experiment already has.
-        """
         total = expected_num_tasks + len(keys)
         try:
             with self._write() as conn:
@@ -389,39 +282,10 @@ class Store:
                     break
         return found[:limit]
 
-    def _bulk_insert(self, conn: Connection, table: sa.Table, columns: Sequence[str], rows: Any) -> None:
-        """Insert many rows fast: COPY on PostgreSQL, executemany on SQLite.
-
-        Driver errors are wrapped as SQLAlchemy's (IntegrityError, ...), as
-        statements run through SQLAlchemy are.
-        """
-        names = ", ".join(columns)
-        driver_error = self.engine.dialect.loaded_dbapi.Error
-        try:
-            if self.is_sqlite:
-                sql = f"INSERT INTO {table.name} ({names}) VALUES ({', '.join('?' for _ in columns)})"
-                params = list(rows)
-                if params:
-                    conn.exec_driver_sql(sql, params)  # executemany, in SQLAlchemy's view (events, errors)
-                return
-            sql = f"COPY {table.name} ({names}) FROM STDIN"
-            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(sql) as copy:
-                for row in rows:
-                    copy.write_row(row)
-        except driver_error as e:
-            raise exc.DBAPIError.instance(sql, None, e, driver_error) from e
-
     @_translate_errors
     def load(
         self, experiment_id: int, *, after_step: int | None = None, first_task: int = 0, lookup: Lookup | None = None
     ) -> LoadedRows | None:
-        """Rows to rebuild or catch up an experiment, read in one consistent
-        snapshot, plus what `lookup` asks for.
-
-        after_step None: the last checkpoint and every event after it (a full
-        rebuild). Otherwise only tasks from `first_task` and events after
-        `after_step` (catching up a cached copy). None if the experiment is gone.
-        """
         # A rebuild reads the checkpoint and the events after it: one snapshot.
         # Catching up reads append-only rows bounded by the experiment row.
         with self._read(snapshot=after_step is None) as conn:
@@ -468,13 +332,10 @@ class Store:
         """A task feature as a float column (NULL where missing)."""
         if not name:
             return sa.null()
-        features = t.tasks.c.features
-        as_json = sa.type_coerce(features, sa.JSON) if self.is_sqlite else sa.cast(features, sa.JSON)
-        return as_json[name].as_float()
+        return self._json(t.tasks.c.features)[name].as_float()
 
     @_translate_errors
     def load_features(self, experiment_id: int, num_tasks: int) -> list[dict[str, float]]:
-        """The features of tasks 0..num_tasks-1, in task order."""
         query = (
             sa.select(t.tasks.c.features)
             .where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.task_idx < num_tasks)
@@ -538,11 +399,8 @@ class Store:
         beta: np.ndarray,
         now: dt.datetime,
     ) -> bool:
-        """Replace the experiment's posterior rows with the state at `step`.
-
-        False (and nothing written) if a checkpoint at or after `step` exists:
-        the checkpoint row is updated first, which also serializes writers.
-        """
+        # The checkpoint row is updated first: the compare-and-set on its step
+        # also serializes writers (the row stays locked until commit).
         with self._write() as conn:
             updated = conn.execute(
                 t.checkpoints.update()
@@ -555,35 +413,7 @@ class Store:
             self._insert_posteriors(conn, experiment_id, np.asarray(alpha), np.asarray(beta))
         return True
 
-    def _insert_posteriors(self, conn: Connection, experiment_id: int, alpha: np.ndarray, beta: np.ndarray) -> None:
-        """All (task_idx, alpha, beta) rows of an experiment. On PostgreSQL a
-        binary COPY encoded in one pass (no per-row Python): a million rows in
-        well under a second."""
-        if self.is_sqlite:
-            rows = zip(itertools.repeat(experiment_id), range(len(alpha)), alpha.tolist(), beta.tolist())
-            self._bulk_insert(conn, t.posteriors, ("experiment_id", "task_idx", "alpha", "beta"), rows)
-            return
-        n = len(alpha)
-        rows = np.empty(n, dtype=_PG_POSTERIOR_ROW)
-        rows["fields"] = 4
-        rows["experiment_id_len"], rows["experiment_id"] = 4, experiment_id
-        rows["task_idx_len"], rows["task_idx"] = 8, np.arange(n)
-        rows["alpha_len"], rows["alpha"] = 8, alpha
-        rows["beta_len"], rows["beta"] = 8, beta
-        sql = "COPY posteriors (experiment_id, task_idx, alpha, beta) FROM STDIN (FORMAT BINARY)"
-        try:
-            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(sql) as copy:
-                copy.write(_PG_COPY_HEADER + rows.tobytes() + _PG_COPY_TRAILER)
-        except self.engine.dialect.loaded_dbapi.Error as e:
-            raise exc.DBAPIError.instance(sql, None, e, self.engine.dialect.loaded_dbapi.Error) from e
-
     # -- batches and reports --------------------------------------------------
-
-    @_translate_errors
-    def find_batch(self, experiment_id: int, *, batch_id: str = "", request_key: str = "") -> BatchRow | None:
-        condition = t.batches.c.batch_id == batch_id if batch_id else t.batches.c.request_key == request_key
-        with self._read() as conn:
-            return self._find_batch(conn, experiment_id, condition)
 
     def _find_batch(self, conn: Connection, experiment_id: int, condition: Any) -> BatchRow | None:
         row = conn.execute(
@@ -607,22 +437,10 @@ class Store:
         )
 
     @_translate_errors
-    def leased_tasks(self, experiment_id: int, now: dt.datetime) -> list[int]:
-        """Tasks in open batches: not reported, lease not expired."""
-        with self._read() as conn:
-            return list(conn.execute(_leased_tasks(experiment_id, now)).scalars())
-
-    @_translate_errors
     def insert_batch(self, experiment_id: int, batch: BatchRow, now: dt.datetime) -> BatchRow:
-        """Store a batch chosen at step `batch.step`, atomically with its checks.
-
-        The experiment row is locked (serializing selects and reports across
-        replicas); if the step moved on, StaleStep; if a task was leased by
-        another batch meanwhile, LeaseConflict. If a batch with the same
-        request key exists (a racing call), that one is returned instead.
-        """
         with self._write() as conn:
-            step = conn.execute(self._lock_experiment(experiment_id)).scalar_one_or_none()
+            query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
+            step = conn.execute(self._lock_row(query)).scalar_one_or_none()
             existing = self._find_batch(conn, experiment_id, t.batches.c.request_key == batch.request_key)
             if existing is not None:
                 return existing
@@ -647,20 +465,8 @@ class Store:
             self._bulk_insert(conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), rows)
         return batch
 
-    def _lock_experiment(self, experiment_id: int) -> sa.Select[Any]:
-        """SELECT the step, locking the row on PostgreSQL (SQLite's BEGIN
-        IMMEDIATE already holds the database's single write lock)."""
-        query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
-        return query if self.is_sqlite else query.with_for_update()
-
     @_translate_errors
     def commit_report(self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime) -> None:
-        """Append one step's event and advance the experiment, atomically.
-
-        The step is a compare-and-set: StaleStep if the experiment is no longer
-        at `expected_step` (another writer got there first; nothing written).
-        BatchAlreadyReported if the batch was reported meanwhile.
-        """
         with self._write() as conn:
             advanced = conn.execute(
                 t.experiments.update()
@@ -697,6 +503,46 @@ class Store:
             )
             self._bulk_insert(conn, t.outcomes, ("experiment_id", "step", "task_idx", "successes", "trials"), rows)
 
+    # -- dialect hooks ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def _write_connection(self) -> AbstractContextManager[Connection]:
+        """A connection for one write transaction, which _write begins: the
+        dialect queues or locks writers as the database needs."""
+
+    @abc.abstractmethod
+    def _snapshot(self, conn: Connection) -> None:
+        """Make the transaction `conn` begins next see one snapshot in every
+        statement."""
+
+    @abc.abstractmethod
+    def _lock_row(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        """`query`, made to hold the rows it reads locked until the write
+        transaction ends: what serializes selects and reports of one
+        experiment across replicas."""
+
+    @abc.abstractmethod
+    def _json(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """A TEXT column holding JSON, as SQLAlchemy's JSON type (to index
+        into it in SQL)."""
+
+    @abc.abstractmethod
+    def _bulk_insert(
+        self, conn: Connection, table: sa.Table, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]
+    ) -> None:
+        """Insert many rows, fast, in `conn`'s transaction. Driver errors
+        surface as SQLAlchemy's (IntegrityError, ...), as those of statements
+        run through SQLAlchemy do."""
+
+    @abc.abstractmethod
+    def _insert_posteriors(self, conn: Connection, experiment_id: int, alpha: np.ndarray, beta: np.ndarray) -> None:
+        """Insert every (task_idx, alpha, beta) row of an experiment's
+        checkpoint; a million rows must take well under a second."""
+
+    @abc.abstractmethod
+    def _migration_lock(self) -> AbstractContextManager[None]:
+        """Held around a migration, so that concurrent migrators take turns."""
+
 
 # Experiments with the capability after their latest step (NULL before any).
 _EXPERIMENTS = sa.select(t.experiments, t.steps.c.capability).outerjoin(
@@ -704,23 +550,11 @@ _EXPERIMENTS = sa.select(t.experiments, t.steps.c.capability).outerjoin(
 )
 
 
-# PostgreSQL's binary COPY format: a header, per row a field count and
-# (length, big-endian value) per field, and a trailer.
-_PG_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
-_PG_COPY_TRAILER = (-1).to_bytes(2, "big", signed=True)
-_PG_POSTERIOR_ROW = np.dtype(
-    [
-        ("fields", ">i2"),
-        ("experiment_id_len", ">i4"),
-        ("experiment_id", ">i4"),
-        ("task_idx_len", ">i4"),
-        ("task_idx", ">i8"),
-        ("alpha_len", ">i4"),
-        ("alpha", ">f8"),
-        ("beta_len", ">i4"),
-        ("beta", ">f8"),
-    ]
-)
+def _insert_experiment(conn: Connection, **values: Any) -> int:
+    """Insert an experiment row; its new id."""
+    key = conn.execute(t.experiments.insert().values(**values)).inserted_primary_key
+    assert key is not None  # None only for statements that insert no single row
+    return int(key[0])
 
 
 def _leased_tasks(experiment_id: int, now: dt.datetime) -> sa.Select[Any]:
@@ -732,7 +566,7 @@ def _leased_tasks(experiment_id: int, now: dt.datetime) -> sa.Select[Any]:
     )
 
 
-def _open_batch(experiment_id: int, now: dt.datetime) -> Any:
+def _open_batch(experiment_id: int, now: dt.datetime) -> sa.ColumnElement[bool]:
     return sa.and_(
         t.batches.c.experiment_id == experiment_id,
         t.batches.c.reported_step.is_(None),

@@ -1,0 +1,202 @@
+"""The store contract: every read and write the core makes, and what each one
+guarantees. `open_store` (store/__init__.py) returns an implementation; the
+core depends on this class alone.
+
+Common to every method:
+
+- Each read or write of the database is one transaction: it commits
+  entirely or changes nothing.
+- It raises `bots_server.errors.Unavailable` when the database cannot be
+  reached, hangs past its timeouts, or is busy (a locked SQLite file, a full
+  connection pool). The call may be retried.
+- It is safe to call from several threads at once. Several stores (replicas)
+  may share one PostgreSQL database; what keeps them consistent is stated
+  per method (compare-and-set on the experiment's step, the experiment row
+  lock).
+- Times are passed in by the caller (timezone-aware, UTC) and read back as
+  timezone-aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+from collections.abc import Sequence
+
+import numpy as np
+
+from bots_server.core.domain import ExperimentConfig
+from bots_server.store.records import (
+    BatchRow,
+    ExperimentCopy,
+    ExperimentRow,
+    LoadedRows,
+    Lookup,
+    SchemaStatus,
+    StepEvent,
+)
+
+
+class Store(abc.ABC):
+    """All persistence of the service. See the module docstring for what
+    every method shares."""
+
+    # -- lifecycle and schema ------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def display_url(self) -> str:
+        """The database URL without its password, for logs and messages."""
+
+    @abc.abstractmethod
+    def migrate(self, revision: str = "head") -> None:
+        """Create or upgrade the schema to `revision` (the latest by default).
+
+        Holds the store's migration lock throughout, so that migrators
+        starting together (replicas, init containers) take turns: the next
+        one finds nothing to do. Migrating a database already at `revision`
+        changes nothing.
+        """
+
+    @abc.abstractmethod
+    def schema_status(self) -> SchemaStatus:
+        """Whether the database's schema is at the code's latest revision,
+        with the database's revisions (empty for an empty database) and the
+        code's heads. Reads only."""
+
+    @abc.abstractmethod
+    def ping(self) -> None:
+        """Return if the database answers; Unavailable otherwise."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections and any lock the store holds (the SQLite file
+        lock of an exclusive store). The store is not used afterwards."""
+
+    # -- experiments ----------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_experiment(self, name: str, config: ExperimentConfig, now: dt.datetime) -> ExperimentRow:
+        """A new experiment at step 0 with no tasks, and its empty checkpoint.
+
+        Raises AlreadyExists if the name is taken; of two racing creates of
+        one name exactly one succeeds.
+        """
+
+    @abc.abstractmethod
+    def create_copy(self, copy: ExperimentCopy, now: dt.datetime) -> ExperimentRow:
+        """A new experiment starting at a given posterior and step (fork,
+        restore): its tasks (copied from `copy.source_id`'s first
+        len(copy.alpha) tasks, or the given keys and features), a checkpoint
+        of `copy.alpha`/`copy.beta` at `copy.step`, no events.
+
+        Raises AlreadyExists if the name is taken, ValueError if alpha and
+        beta differ in length; nothing is written then. Keys must be unique
+        (the caller validates them).
+        """
+
+    @abc.abstractmethod
+    def find_experiment(self, name: str) -> ExperimentRow | None:
+        """The experiment called `name` with the capability after its latest
+        step (None before any), or None if there is none."""
+
+    @abc.abstractmethod
+    def list_experiments(self, after_name: str, limit: int) -> list[ExperimentRow]:
+        """Up to `limit` experiments with names after `after_name`, by name
+        ascending (a page; pass the last name to get the next one)."""
+
+    @abc.abstractmethod
+    def delete_experiment(self, experiment_id: int) -> bool:
+        """Delete the experiment and every row of it (tasks, events,
+        checkpoint, batches). False if it did not exist."""
+
+    @abc.abstractmethod
+    def count_open_batches(self, experiment_id: int, now: dt.datetime) -> int:
+        """Batches not reported whose lease expires after `now`."""
+
+    # -- tasks and state ------------------------------------------------------
+
+    @abc.abstractmethod
+    def add_tasks(
+        self, experiment_id: int, expected_num_tasks: int, keys: Sequence[str], features: Sequence[dict[str, float]]
+    ) -> int:
+        """Append tasks at indices expected_num_tasks, expected_num_tasks+1, ...
+        and return the new number of tasks.
+
+        A compare-and-set on the experiment's number of tasks: StaleStep if it
+        is not `expected_num_tasks` (another writer added tasks first).
+        AlreadyExists, naming up to 5 of the keys, if the experiment has any
+        of them already. Nothing is written in either case.
+        """
+
+    @abc.abstractmethod
+    def load(
+        self, experiment_id: int, *, after_step: int | None = None, first_task: int = 0, lookup: Lookup | None = None
+    ) -> LoadedRows | None:
+        """Rows to rebuild or catch up an experiment, plus what `lookup` asks
+        for, all from one transaction. None if the experiment does not exist.
+
+        The experiment row, the keys and reference features (the config's
+        weak and strong features) of its tasks from `first_task` on, and its
+        events up to its step as read in the same transaction, ascending,
+        each with its outcomes by task index. after_step None (a rebuild):
+        also the checkpoint, and the events after it, all read in one
+        consistent snapshot. Otherwise (catching up a cached copy) no
+        checkpoint and the events after `after_step`.
+
+        `lookup`: the batch with `lookup.batch_id`, else the one with
+        `lookup.request_key` (None if there is none), and, with
+        `lookup.leases_at`, the tasks of batches still open at that time.
+        """
+
+    @abc.abstractmethod
+    def load_features(self, experiment_id: int, num_tasks: int) -> list[dict[str, float]]:
+        """The features of tasks 0..num_tasks-1, in task order."""
+
+    @abc.abstractmethod
+    def read_event(self, experiment_id: int, step: int) -> StepEvent:
+        """The event committed at `step` (a step that exists: a batch's
+        reported step)."""
+
+    @abc.abstractmethod
+    def write_checkpoint(
+        self,
+        experiment_id: int,
+        step: int,
+        capability: float | None,
+        alpha: np.ndarray,
+        beta: np.ndarray,
+        now: dt.datetime,
+    ) -> bool:
+        """Replace the experiment's checkpoint with the posterior at `step`
+        (alpha and beta of tasks 0..len(alpha)-1).
+
+        False, and nothing written, if a checkpoint at or after `step` exists
+        already. Concurrent writers of one experiment's checkpoint are
+        serialized: the newest step wins, an older one never overwrites it.
+        """
+
+    # -- batches and reports ---------------------------------------------------
+
+    @abc.abstractmethod
+    def insert_batch(self, experiment_id: int, batch: BatchRow, now: dt.datetime) -> BatchRow:
+        """Store a batch chosen at step `batch.step`, atomically with its checks.
+
+        Holds the experiment's row lock, which serializes selects and reports
+        of the experiment across replicas, while it checks, in this order:
+        a batch with the same request key exists (a racing call) -> that
+        batch is returned and nothing written; the experiment is no longer at
+        `batch.step` -> StaleStep; a chosen task is in a batch still open at
+        `now` -> LeaseConflict. Otherwise the batch is stored and returned.
+        """
+
+    @abc.abstractmethod
+    def commit_report(self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime) -> None:
+        """Append one step's event, mark its batch reported at `event.step`
+        and advance the experiment to `event.step`, atomically.
+
+        The step is a compare-and-set: StaleStep if the experiment is no
+        longer at `expected_step` (another writer got there first).
+        BatchAlreadyReported if the batch was reported meanwhile. Nothing is
+        written in either case. Once this returns the event is durable.
+        """

@@ -1,0 +1,26 @@
+"""Errors of the store contract (base.Store) besides the domain errors of
+bots_server.errors it raises too (Unavailable, AlreadyExists). Each tells the
+caller what to do: re-read and retry, or stop. None depends on a database
+library, so the core can catch them without importing one."""
+
+from __future__ import annotations
+
+
+class StaleStep(Exception):
+    """The experiment moved on (another replica or a racing call): re-read and retry."""
+
+
+class BatchAlreadyReported(Exception):
+    """A concurrent report of the same batch committed first."""
+
+
+class LeaseConflict(Exception):
+    """Another writer leased some of the chosen tasks first: choose again."""
+
+
+class DatabaseInUse(Exception):
+    """Another server process holds this SQLite file."""
+
+
+class UnsupportedDatabase(ValueError):
+    """The database URL names a database (or driver) the store has no dialect for."""
