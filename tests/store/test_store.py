@@ -1,43 +1,60 @@
-"""The store on SQLite and PostgreSQL: schema from migrations, O(batch)
-writes per report, plain-SQL readable posteriors."""
+"""The store contract (bots_server.store.base.Store), every case on SQLite and
+on PostgreSQL: what each method returns, raises and writes (nothing, when it
+raises), its guarantees under concurrency, and the schema from migrations.
+
+Row counts read the tables through the SQL implementation's engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from bots_client import ExperimentConfig
-from bots_server.errors import AlreadyExists
-from bots_server.store import BatchRow, LeaseConflict, StaleStep, StepEvent, open_store
+from bots_server.core.domain import ExperimentConfig
+from bots_server.errors import AlreadyExists, Unavailable
+from bots_server.store import (
+    BatchAlreadyReported,
+    BatchRow,
+    ExperimentCopy,
+    LeaseConflict,
+    Lookup,
+    StaleStep,
+    StepEvent,
+    UnsupportedDatabase,
+    open_store,
+)
+from bots_server.store.postgresql import PostgresStore
 from bots_server.store.schema import metadata
 from bots_server.store.sql import SqlStore
+from bots_server.store.sqlite import SqliteStore
 
-NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+LATER = NOW + dt.timedelta(hours=1)
+T = TypeVar("T")
+
+
+def open_sql_store(url: str) -> SqlStore:
+    store = open_store(url)
+    assert isinstance(store, SqlStore)  # the row counts read its tables
+    return store
 
 
 @pytest.fixture
-def store(fresh_db_url: str) -> SqlStore:
-    s = open_store(fresh_db_url)
-    assert isinstance(s, SqlStore)  # the tests read its tables
+def store(fresh_db_url: str) -> Iterator[SqlStore]:
+    s = open_sql_store(fresh_db_url)
     s.migrate()
     yield s
     s.close()
-
-
-def test_migrations_create_exactly_the_declared_schema(store: SqlStore) -> None:
-    with store.engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), metadata)
-    assert diff == []
-
-
-def test_migrate_is_idempotent(store: SqlStore) -> None:
-    store.migrate()
-    with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one() == "0002"
 
 
 def count_rows(store: SqlStore) -> int:
@@ -48,36 +65,187 @@ def count_rows(store: SqlStore) -> int:
         )
 
 
-def rows_per_report(store: SqlStore, pool: int, batch: int) -> int:
-    name = f"pool-{pool}"
+def batch(batch_id: str, request_key: str, step: int, task_idx: list[int], expires: dt.datetime = LATER) -> BatchRow:
+    return BatchRow(batch_id, request_key, step, task_idx, NOW, expires, None)
+
+
+def event(step: int, batch_id: str, pool_size: int, task_idx: list[int]) -> StepEvent:
+    n = len(task_idx)
+    return StepEvent(step, batch_id, pool_size, task_idx, [1.0] * n, [2] * n, 0.5, 0.25)
+
+
+def experiment_with_tasks(store: SqlStore, name: str, n: int) -> int:
     row = store.create_experiment(name, ExperimentConfig(), NOW)
-    store.add_tasks(row.id, 0, [f"k{i}" for i in range(pool)], [{}] * pool)
-    store.insert_batch(row.id, BatchRow("b1", "r1", 0, list(range(batch)), NOW, NOW, None), NOW)
+    store.add_tasks(row.id, 0, [f"k{i}" for i in range(n)], [{}] * n)
+    return row.id
+
+
+# -- opening and schema ------------------------------------------------------------------
+
+
+def test_open_store_picks_the_dialect_by_scheme(fresh_db_url: str) -> None:
+    store = open_store(fresh_db_url)
+    try:
+        expected = SqliteStore if fresh_db_url.startswith("sqlite") else PostgresStore
+        assert type(store) is expected
+    finally:
+        store.close()
+
+
+def test_display_url_hides_the_password() -> None:
+    store = open_store("postgresql+psycopg://bots:secret@127.0.0.1:1/bots")  # connects lazily: never here
+    assert store.display_url == "postgresql+psycopg://bots:***@127.0.0.1:1/bots"
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql+pymysql://u@localhost/db", "postgresql://u@localhost/db", "postgresql+asyncpg://u@localhost/db"],
+)
+def test_open_store_rejects_unsupported_databases(url: str) -> None:
+    with pytest.raises(UnsupportedDatabase, match=r"unsupported database URL scheme .*postgresql\+psycopg://"):
+        open_store(url)
+
+
+def test_open_store_rejects_what_is_not_a_url_without_echoing_it() -> None:
+    with pytest.raises(UnsupportedDatabase, match="cannot parse") as error:
+        open_store("bots:secret@nowhere")
+    assert "secret" not in str(error.value)
+
+
+def test_schema_status_before_and_after_migrate(fresh_db_url: str) -> None:
+    store = open_store(fresh_db_url)
+    try:
+        before = store.schema_status()
+        assert not before.current and before.revisions == [] and len(before.heads) == 1
+        store.migrate("0001")
+        assert store.schema_status() == (False, ["0001"], before.heads)
+        store.migrate()
+        assert store.schema_status() == (True, before.heads, before.heads)
+    finally:
+        store.close()
+
+
+def test_migrations_create_exactly_the_declared_schema(store: SqlStore) -> None:
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_migrate_twice_is_a_no_op(store: SqlStore) -> None:
+    experiment_with_tasks(store, "kept", 2)
+    rows = count_rows(store)
+    store.migrate()
+    assert store.schema_status().current
+    assert count_rows(store) == rows
+    with store.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+
+
+def test_migrators_at_once_take_turns(fresh_db_url: str) -> None:
+    # Replicas (or init containers) starting together: every one succeeds.
+    stores = [open_store(fresh_db_url) for _ in range(3)]
+    try:
+        run_together([s.migrate for s in stores])
+        assert all(s.schema_status().current for s in stores)
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:////nonexistent-directory/bots.db", "postgresql+psycopg://postgres@127.0.0.1:1/none"]
+)
+def test_an_unreachable_database_is_unavailable_and_counted(url: str) -> None:
+    kinds: list[str] = []
+    store = open_store(url, on_error=kinds.append)
+    try:
+        with pytest.raises(Unavailable, match="database unavailable"):
+            store.ping()
+        with pytest.raises(Unavailable):
+            store.find_experiment("any")
+    finally:
+        store.close()
+    assert kinds == ["unavailable", "unavailable"]
+
+
+# -- experiments --------------------------------------------------------------------------
+
+
+def test_experiments_are_created_found_listed_and_deleted(store: SqlStore) -> None:
+    config = ExperimentConfig(seed=7)
+    created = store.create_experiment("b", config, NOW)
+    store.create_experiment("a", ExperimentConfig(), NOW)
+    store.create_experiment("c", ExperimentConfig(), NOW)
+    assert store.find_experiment("b") == created
+    assert (created.step, created.num_tasks, created.capability, created.config) == (0, 0, None, config)
+    assert created.create_time == NOW and created.create_time.tzinfo is not None
+    assert store.find_experiment("missing") is None
+    assert [e.name for e in store.list_experiments("", 2)] == ["a", "b"]
+    assert [e.name for e in store.list_experiments("b", 2)] == ["c"]
+    assert store.delete_experiment(created.id)
+    assert not store.delete_experiment(created.id)
+    assert store.find_experiment("b") is None
+
+
+def test_a_taken_name_is_already_exists_and_writes_nothing(store: SqlStore) -> None:
+    source = experiment_with_tasks(store, "taken", 2)
     before = count_rows(store)
-    event = StepEvent(1, "b1", pool, list(range(batch)), [1.0] * batch, [2] * batch, None, None)
-    store.commit_report(row.id, 0, event, NOW)
-    return count_rows(store) - before
-
-
-def test_rows_written_per_report_do_not_grow_with_the_pool(store: SqlStore) -> None:
-    # One steps row plus one outcomes row per reported task; the experiment
-    # and batch rows are updated in place.
-    assert rows_per_report(store, pool=100, batch=16) == 17
-    assert rows_per_report(store, pool=20_000, batch=16) == 17
-
-
-def test_report_is_a_compare_and_set_on_the_step(store: SqlStore) -> None:
-    row = store.create_experiment("cas", ExperimentConfig(), NOW)
-    store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
-    store.insert_batch(row.id, BatchRow("b1", "r1", 0, [0], NOW, NOW, None), NOW)
-    store.insert_batch(row.id, BatchRow("b2", "r2", 0, [1], NOW, NOW, None), NOW)
-    store.commit_report(row.id, 0, StepEvent(1, "b1", 2, [0], [1.0], [1], None, None), NOW)
-    before = count_rows(store)
-    with pytest.raises(StaleStep):  # a writer still at step 0 loses
-        store.commit_report(row.id, 0, StepEvent(1, "b2", 2, [1], [1.0], [1], None, None), NOW)
+    with pytest.raises(AlreadyExists, match="'taken'"):
+        store.create_experiment("taken", ExperimentConfig(), NOW)
+    copy = ExperimentCopy("taken", ExperimentConfig(), 0, None, [1.0, 1.0], [1.0, 1.0], "taken", source_id=source)
+    with pytest.raises(AlreadyExists, match="'taken'"):
+        store.create_copy(copy, NOW)
     assert count_rows(store) == before
-    with pytest.raises(StaleStep):  # adding tasks is a compare-and-set on the pool size
+
+
+def test_create_copy_starts_at_the_given_posterior_and_step(store: SqlStore) -> None:
+    source = store.create_experiment("source", ExperimentConfig(), NOW)
+    store.add_tasks(source.id, 0, ["x", "y", "z"], [{"w": 0.1}, {"w": 0.2}, {"w": 0.3}])
+    alpha, beta = np.array([2.0, 3.0]), np.array([4.0, 5.0])
+    fork = store.create_copy(ExperimentCopy("fork", ExperimentConfig(), 5, 0.5, alpha, beta, "source", source_id=source.id), NOW)
+    assert (fork.step, fork.num_tasks, fork.forked_from, fork.forked_at_step) == (5, 2, "source", 5)
+    given = ExperimentCopy("restored", ExperimentConfig(), 3, None, [1.0], [2.0], "elsewhere", keys=["q"], features=[{"w": 1.0}])
+    restored = store.create_copy(given, NOW)
+
+    rows = store.load(fork.id)
+    assert rows is not None and rows.checkpoint is not None
+    assert (rows.keys, rows.checkpoint.step, rows.checkpoint.alpha, rows.checkpoint.beta) == (["x", "y"], 5, [2.0, 3.0], [4.0, 5.0])
+    assert (rows.checkpoint.capability, rows.events) == (0.5, [])
+    assert store.load_features(fork.id, 2) == [{"w": 0.1}, {"w": 0.2}]
+    assert store.load_features(restored.id, 1) == [{"w": 1.0}]
+
+
+def test_create_copy_with_unequal_alpha_and_beta_writes_nothing(store: SqlStore) -> None:
+    before = count_rows(store)
+    copy = ExperimentCopy("odd", ExperimentConfig(), 0, None, [1.0, 1.0], [1.0], "x", keys=["a", "b"], features=[{}, {}])
+    with pytest.raises(ValueError, match="2 alpha values but 1 beta values"):
+        store.create_copy(copy, NOW)
+    assert count_rows(store) == before and store.find_experiment("odd") is None
+
+
+def test_delete_removes_every_row_of_the_experiment(store: SqlStore) -> None:
+    experiment_with_tasks(store, "keep", 1)
+    baseline = count_rows(store)
+    gone = experiment_with_tasks(store, "gone", 2)
+    store.insert_batch(gone, batch("b1", "r1", 0, [0, 1], NOW), NOW)
+    store.commit_report(gone, 0, StepEvent(1, "b1", 2, [0, 1], [1.0, 0.0], [1, 1], 0.5, 0.5), NOW)
+    store.write_checkpoint(gone, 1, 0.5, np.array([1.0, 2.0]), np.array([2.0, 1.0]), NOW)
+    assert store.delete_experiment(gone)
+    assert count_rows(store) == baseline
+
+
+# -- tasks, loading and checkpoints ----------------------------------------------------------
+
+
+def test_add_tasks_is_a_compare_and_set_on_the_pool_size(store: SqlStore) -> None:
+    row = store.create_experiment("grow", ExperimentConfig(), NOW)
+    assert store.add_tasks(row.id, 0, ["a", "b"], [{}, {}]) == 2
+    before = count_rows(store)
+    with pytest.raises(StaleStep):  # another writer added tasks since this one read 1
         store.add_tasks(row.id, 1, ["c"], [{}])
+    assert count_rows(store) == before
+    assert store.add_tasks(row.id, 2, ["c"], [{}]) == 3
 
 
 def test_duplicate_keys_name_the_keys_and_write_nothing(store: SqlStore) -> None:
@@ -90,19 +258,52 @@ def test_duplicate_keys_name_the_keys_and_write_nothing(store: SqlStore) -> None
     assert store.find_experiment("dups").num_tasks == 2
 
 
-def test_request_key_race_returns_the_stored_batch(store: SqlStore) -> None:
-    row = store.create_experiment("race", ExperimentConfig(), NOW)
-    store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
-    first = store.insert_batch(row.id, BatchRow("b1", "same", 0, [0], NOW, NOW, None), NOW)
-    second = store.insert_batch(row.id, BatchRow("b2", "same", 0, [1], NOW, NOW, None), NOW)
-    assert second == first
+def test_load_rebuilds_from_the_checkpoint_and_the_events_after_it(store: SqlStore) -> None:
+    config = ExperimentConfig(weak_feature="w", strong_feature="s")
+    row = store.create_experiment("load", config, NOW)
+    store.add_tasks(row.id, 0, ["a", "b", "c"], [{"w": 0.1, "s": 0.9}, {"w": 0.2}, {}])
+    for step in (1, 2, 3):
+        store.insert_batch(row.id, batch(f"b{step}", f"r{step}", step - 1, [step - 1]), NOW)
+        store.commit_report(row.id, step - 1, event(step, f"b{step}", 3, [step - 1]), NOW)
+    store.write_checkpoint(row.id, 1, 0.5, np.array([2.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.0]), NOW)
+
+    rows = store.load(row.id)
+    assert rows is not None and rows.checkpoint is not None
+    assert (rows.experiment.step, rows.experiment.capability, rows.checkpoint.step) == (3, 0.5, 1)
+    assert (rows.checkpoint.alpha, rows.checkpoint.create_time) == ([2.0, 1.0, 1.0], NOW)
+    assert (rows.keys, rows.weak, rows.strong) == (["a", "b", "c"], [0.1, 0.2, None], [0.9, None, None])
+    assert rows.events == [event(2, "b2", 3, [1]), event(3, "b3", 3, [2])]
+    assert (rows.batch, rows.leased) == (None, None)
+
+    store.add_tasks(row.id, 3, ["d"], [{"w": 0.4}])
+    caught_up = store.load(row.id, after_step=2, first_task=3)
+    assert caught_up is not None
+    assert (caught_up.checkpoint, caught_up.keys, caught_up.weak, caught_up.events) == (None, ["d"], [0.4], [event(3, "b3", 3, [2])])
+    assert store.read_event(row.id, 2) == event(2, "b2", 3, [1])
+    assert store.load(row.id + 100) is None
 
 
-def test_checkpointed_posteriors_are_plain_rows(store: SqlStore) -> None:
+def test_load_looks_up_batches_and_leases_in_the_same_read(store: SqlStore) -> None:
+    experiment = experiment_with_tasks(store, "lookup", 4)
+    first = store.insert_batch(experiment, batch("b1", "r1", 0, [2, 0]), NOW)
+    store.insert_batch(experiment, batch("b2", "r2", 0, [1], expires=NOW), NOW)  # expired at once
+    by_id = store.load(experiment, after_step=0, first_task=4, lookup=Lookup(batch_id="b1", leases_at=NOW))
+    assert by_id is not None and (by_id.batch, sorted(by_id.leased or [])) == (first, [0, 2])
+    by_key = store.load(experiment, after_step=0, first_task=4, lookup=Lookup(request_key="r1"))
+    assert by_key is not None and (by_key.batch, by_key.leased) == (first, None)
+    none = store.load(experiment, after_step=0, first_task=4, lookup=Lookup(batch_id="nope"))
+    assert none is not None and none.batch is None
+    assert store.count_open_batches(experiment, NOW) == 1
+
+
+def test_checkpoints_only_move_forward_and_are_plain_rows(store: SqlStore) -> None:
     row = store.create_experiment("plain", ExperimentConfig(), NOW)
     store.add_tasks(row.id, 0, ["x", "y"], [{}, {}])
-    assert store.write_checkpoint(row.id, 3, 0.25, [2.5, 1.0], [1.5, 4.0], NOW)
-    assert not store.write_checkpoint(row.id, 2, None, [9.0, 9.0], [9.0, 9.0], NOW)  # older: ignored
+    assert store.write_checkpoint(row.id, 3, 0.25, np.array([2.5, 1.0]), np.array([1.5, 4.0]), NOW)
+    before = count_rows(store)
+    assert not store.write_checkpoint(row.id, 2, None, np.array([9.0, 9.0]), np.array([9.0, 9.0]), NOW)  # older
+    assert not store.write_checkpoint(row.id, 3, None, np.array([9.0, 9.0]), np.array([9.0, 9.0]), NOW)  # same step
+    assert count_rows(store) == before
     with store.engine.connect() as conn:
         rows = conn.exec_driver_sql(
             "SELECT task_key, alpha, beta, mean, checkpoint_step FROM task_posteriors "
@@ -111,28 +312,141 @@ def test_checkpointed_posteriors_are_plain_rows(store: SqlStore) -> None:
     assert [tuple(r) for r in rows] == [("x", 2.5, 1.5, 2.5 / 4.0, 3), ("y", 1.0, 4.0, 0.2, 3)]
 
 
-def test_delete_removes_every_row_of_the_experiment(store: SqlStore) -> None:
-    keep = store.create_experiment("keep", ExperimentConfig(), NOW)
-    store.add_tasks(keep.id, 0, ["a"], [{}])
-    baseline = count_rows(store)
-    gone = store.create_experiment("gone", ExperimentConfig(), NOW)
-    store.add_tasks(gone.id, 0, ["a", "b"], [{}, {}])
-    store.insert_batch(gone.id, BatchRow("b1", "r1", 0, [0, 1], NOW, NOW, None), NOW)
-    store.commit_report(gone.id, 0, StepEvent(1, "b1", 2, [0, 1], [1.0, 0.0], [1, 1], 0.5, 0.5), NOW)
-    store.write_checkpoint(gone.id, 1, 0.5, [1.0, 2.0], [2.0, 1.0], NOW)
-    assert store.delete_experiment(gone.id)
-    assert count_rows(store) == baseline
+# -- batches and reports -------------------------------------------------------------------------
+
+
+def rows_per_report(store: SqlStore, pool: int, batch_size: int) -> int:
+    experiment = experiment_with_tasks(store, f"pool-{pool}", pool)
+    store.insert_batch(experiment, batch("b1", "r1", 0, list(range(batch_size)), NOW), NOW)
+    before = count_rows(store)
+    store.commit_report(experiment, 0, event(1, "b1", pool, list(range(batch_size))), NOW)
+    return count_rows(store) - before
+
+
+def test_rows_written_per_report_do_not_grow_with_the_pool(store: SqlStore) -> None:
+    # One steps row plus one outcomes row per reported task; the experiment
+    # and batch rows are updated in place.
+    assert rows_per_report(store, pool=100, batch_size=16) == 17
+    assert rows_per_report(store, pool=20_000, batch_size=16) == 17
+
+
+def test_report_is_a_compare_and_set_on_the_step(store: SqlStore) -> None:
+    experiment = experiment_with_tasks(store, "cas", 2)
+    store.insert_batch(experiment, batch("b1", "r1", 0, [0]), NOW)
+    store.insert_batch(experiment, batch("b2", "r2", 0, [1]), NOW)
+    store.commit_report(experiment, 0, event(1, "b1", 2, [0]), NOW)
+    before = count_rows(store)
+    with pytest.raises(StaleStep):  # a writer still at step 0 loses
+        store.commit_report(experiment, 0, event(1, "b2", 2, [1]), NOW)
+    assert count_rows(store) == before
+    assert store.find_experiment("cas").step == 1
+
+
+def test_a_batch_reported_meanwhile_is_already_reported_and_writes_nothing(store: SqlStore) -> None:
+    experiment = experiment_with_tasks(store, "twice", 2)
+    store.insert_batch(experiment, batch("b1", "r1", 0, [0]), NOW)
+    store.commit_report(experiment, 0, event(1, "b1", 2, [0]), NOW)
+    before = count_rows(store)
+    with pytest.raises(BatchAlreadyReported):  # at the right step, but b1 is reported: the step is not advanced
+        store.commit_report(experiment, 1, event(2, "b1", 2, [0]), NOW)
+    assert count_rows(store) == before
+    assert store.find_experiment("twice").step == 1
+
+
+def test_request_key_race_returns_the_stored_batch(store: SqlStore) -> None:
+    experiment = experiment_with_tasks(store, "race", 2)
+    first = store.insert_batch(experiment, batch("b1", "same", 0, [0]), NOW)
+    store.insert_batch(experiment, batch("b2", "other", 0, [1]), NOW)
+    store.commit_report(experiment, 0, event(1, "b2", 2, [1]), NOW)
+    before = count_rows(store)
+    # The stored batch wins over every other check: the step moved on and task 0 is leased.
+    assert store.insert_batch(experiment, batch("b3", "same", 0, [0]), NOW) == first
+    assert count_rows(store) == before
 
 
 def test_insert_batch_checks_step_and_leases_under_the_lock(store: SqlStore) -> None:
-    later = NOW + dt.timedelta(hours=1)
-    row = store.create_experiment("leases", ExperimentConfig(), NOW)
-    store.add_tasks(row.id, 0, ["a", "b", "c"], [{}, {}, {}])
-    store.insert_batch(row.id, BatchRow("b1", "r1", 0, [0, 1], NOW, later, None), NOW)
+    experiment = experiment_with_tasks(store, "leases", 3)
+    store.insert_batch(experiment, batch("b1", "r1", 0, [0, 1]), NOW)
+    before = count_rows(store)
     with pytest.raises(LeaseConflict):  # task 1 is leased by b1
-        store.insert_batch(row.id, BatchRow("b2", "r2", 0, [1, 2], NOW, later, None), NOW)
+        store.insert_batch(experiment, batch("b2", "r2", 0, [1, 2]), NOW)
     with pytest.raises(StaleStep):  # chosen at a step the experiment has left
-        store.insert_batch(row.id, BatchRow("b3", "r3", 7, [2], NOW, later, None), NOW)
+        store.insert_batch(experiment, batch("b3", "r3", 7, [2]), NOW)
+    assert count_rows(store) == before
     # Once b1's lease has expired its tasks may be leased again.
-    after = later + dt.timedelta(seconds=1)
-    assert store.insert_batch(row.id, BatchRow("b4", "r4", 0, [1, 2], after, after, None), after).batch_id == "b4"
+    after = LATER + dt.timedelta(seconds=1)
+    stored = store.insert_batch(experiment, BatchRow("b4", "r4", 0, [1, 2], after, after, None), after)
+    assert stored.batch_id == "b4"
+
+
+# -- several replicas on one database --------------------------------------------------------------
+
+
+def run_together(calls: list[Callable[[], T]]) -> list[T | Exception]:
+    """Start the calls at the same moment on threads of their own; their
+    results, or the exceptions they raised."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], T]) -> T | Exception:
+        barrier.wait()
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - the test looks at what each call raised
+            return e
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+@pytest.fixture
+def replicas(store: SqlStore, fresh_db_url: str) -> Iterator[tuple[SqlStore, SqlStore]]:
+    """Two stores on one database, as two servers have."""
+    other = open_sql_store(fresh_db_url)
+    yield store, other
+    other.close()
+
+
+def test_racing_selects_of_the_same_tasks_lease_them_once(replicas: tuple[SqlStore, SqlStore]) -> None:
+    a, b = replicas
+    experiment = experiment_with_tasks(a, "selects", 20)
+    for round_ in range(10):
+        tasks = [2 * round_, 2 * round_ + 1]
+        results = run_together(
+            [
+                functools.partial(a.insert_batch, experiment, batch(f"a{round_}", f"ra{round_}", 0, tasks), NOW),
+                functools.partial(b.insert_batch, experiment, batch(f"b{round_}", f"rb{round_}", 0, tasks), NOW),
+            ]
+        )
+        assert sorted(type(r).__name__ for r in results) == ["BatchRow", "LeaseConflict"], results
+    assert a.count_open_batches(experiment, NOW) == 10
+
+
+def test_racing_reports_advance_the_step_once(replicas: tuple[SqlStore, SqlStore]) -> None:
+    a, b = replicas
+    experiment = experiment_with_tasks(a, "reports", 20)
+    for step in range(10):
+        a.insert_batch(experiment, batch(f"a{step}", f"ra{step}", step, [2 * step]), NOW)
+        b.insert_batch(experiment, batch(f"b{step}", f"rb{step}", step, [2 * step + 1]), NOW)
+        results = run_together(
+            [
+                functools.partial(a.commit_report, experiment, step, event(step + 1, f"a{step}", 20, [2 * step]), NOW),
+                functools.partial(b.commit_report, experiment, step, event(step + 1, f"b{step}", 20, [2 * step + 1]), NOW),
+            ]
+        )
+        assert sorted(type(r).__name__ for r in results) == ["NoneType", "StaleStep"], results
+    rows = b.load(experiment)
+    assert rows is not None and rows.experiment.step == 10 and [e.step for e in rows.events] == list(range(1, 11))
+
+
+def test_a_replica_catches_up_with_what_another_committed(replicas: tuple[SqlStore, SqlStore]) -> None:
+    a, b = replicas
+    experiment = experiment_with_tasks(a, "catch-up", 3)
+    stale = b.load(experiment)
+    assert stale is not None
+    a.insert_batch(experiment, batch("b1", "r1", 0, [1]), NOW)
+    a.commit_report(experiment, 0, event(1, "b1", 3, [1]), NOW)
+    a.add_tasks(experiment, 3, ["new"], [{}])
+    rows = b.load(experiment, after_step=stale.experiment.step, first_task=stale.experiment.num_tasks)
+    assert rows is not None
+    assert (rows.experiment.step, rows.keys, rows.events) == (1, ["new"], [event(1, "b1", 3, [1])])
+    assert dataclasses.replace(rows.experiment, step=0, num_tasks=3, capability=None) == stale.experiment
