@@ -13,8 +13,8 @@ Common to every method:
   may share one PostgreSQL database; what keeps them consistent is stated
   per method (compare-and-set on the experiment's step, the experiment row
   lock).
-- Times are passed in by the caller (timezone-aware, UTC) and read back as
-  timezone-aware UTC datetimes.
+- Times are passed in by the caller (timezone-aware) and read back as
+  timezone-aware datetimes of the same instants.
 """
 
 from __future__ import annotations
