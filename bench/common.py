@@ -155,7 +155,7 @@ def database(backend: str, directory: str | None = None) -> Iterator[str]:
             if own:
                 shutil.rmtree(path, ignore_errors=True)
             else:
-                for leftover in path.glob("bench.db*"):  # the file, -wal, -shm and the server's lock file
+                for leftover in path.glob("bench.db*"):  # the file, -wal and -shm
                     leftover.unlink(missing_ok=True)
     elif backend == "postgresql":
         from bots_server.testing.postgres import create_pg_database, drop_pg_database

@@ -28,7 +28,7 @@ _EXPECTED = "expected sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:
 def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], None] | None = None) -> Store:
     """The store of the database at `url`, its dialect chosen by the scheme.
 
-    `exclusive`: on SQLite, hold an advisory lock on FILE.lock for the store's
+    `exclusive`: on SQLite, hold an advisory lock on the database file for the store's
     life; opening a second exclusive store on the file (another server)
     raises DatabaseInUse. PostgreSQL serves any number of replicas and
     ignores it. `on_error(kind)` is called for every database error a method

@@ -10,7 +10,7 @@ import pathlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
@@ -23,9 +23,10 @@ from bots_server.store.sql import SqlStore
 
 
 class SqliteStore(SqlStore):
-    """`exclusive`: hold an advisory lock on FILE.lock for the store's life,
-    so a second server on the same file fails with DatabaseInUse instead of
-    two writers caching diverging state."""
+    """`exclusive`: hold an advisory lock (flock) on the database file itself
+    for the store's life, so a second server on the same file, whatever path
+    reaches it (a hard link, a symlink, a relative path), fails with
+    DatabaseInUse instead of two writers caching diverging state."""
 
     def __init__(
         self,
@@ -36,9 +37,9 @@ class SqliteStore(SqlStore):
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         parsed = sa.make_url(url)
-        self._lock_file: IO[str] | None = None
+        self._lock_fd: int | None = None
         if exclusive and parsed.database not in (None, "", ":memory:"):
-            self._lock_file = _lock_file(str(parsed.database))
+            self._lock_fd = _lock_database_file(str(parsed.database))
         # SQLite has one writer at a time; queueing this process's writers on
         # a lock is fairer and faster than SQLite's sleeping busy handler.
         self._writer = threading.Lock()
@@ -46,9 +47,11 @@ class SqliteStore(SqlStore):
 
     def close(self) -> None:
         super().close()
-        if self._lock_file is not None:
-            self._lock_file.close()  # releases the lock
-            self._lock_file = None
+        if self._lock_fd is not None:
+            # Only now: closing any descriptor of the file drops the process's
+            # POSIX locks on it, SQLite's own included.
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     @contextmanager
     def _write_connection(self) -> Iterator[Connection]:
@@ -103,20 +106,35 @@ def _create_engine(url: URL, busy_timeout_ms: int) -> Engine:
     return engine
 
 
-def _lock_file(database: str) -> IO[str]:
+def _lock_database_file(database: str) -> int:
+    """An exclusive flock on the database file, created empty if missing (an
+    empty file is an empty SQLite database). flock locks belong to the file
+    (its inode), not to the path, and are independent of SQLite's own POSIX
+    locks. Returns the descriptor to keep open."""
     path = pathlib.Path(database).resolve()
-    lock = open(f"{path}.lock", "a+")  # noqa: SIM115 - open for the store's life: closing it releases the lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "unknown"
-        lock.close()
+        holder = _flock_holder(os.fstat(fd))
+        os.close(fd)
         raise DatabaseInUse(
             f"SQLite database {path} is in use by another bots-server (pid {holder}); "
             "SQLite allows one server per file: stop the other one, or use PostgreSQL for several replicas"
         ) from None
-    lock.truncate(0)
-    lock.write(str(os.getpid()))
-    lock.flush()
-    return lock
+    return fd
+
+
+def _flock_holder(stat: os.stat_result) -> str:
+    """The pid holding a flock on the file, from /proc/locks (Linux); "unknown" elsewhere."""
+    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+                    return fields[4]
+    except OSError:
+        pass
+    return "unknown"
