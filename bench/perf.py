@@ -909,7 +909,8 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
     store = open_store(url)
     store.migrate()
     now = dt.datetime.now(dt.UTC)
-    row = store.create_experiment("rebuild", server_config(), now)
+    config = server_config()
+    row = store.create_experiment("rebuild", config.to_dict(), now)
     weak, strong = reference_rates(n)
     store.add_tasks(
         row.id,
@@ -921,9 +922,9 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
     gc.collect()
     try:
         t0 = time.perf_counter()
-        rows = store.load(row.id)
+        rows = store.load(row.id, reference_features=config.reference_features)
         t1 = time.perf_counter()
-        live = LiveExperiment.rebuild(rows)
+        live = LiveExperiment.rebuild(rows, config)
         t2 = time.perf_counter()
         assert live.num_tasks == n
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
@@ -938,8 +939,8 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
         del raw, live, rows
         gc.collect()
         tracemalloc.start()
-        rows = store.load(row.id)
-        live = LiveExperiment.rebuild(rows)
+        rows = store.load(row.id, reference_features=config.reference_features)
+        live = LiveExperiment.rebuild(rows, config)
         with_rows, peak = tracemalloc.get_traced_memory()
         del rows
         gc.collect()

@@ -8,6 +8,8 @@ import json
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 import bots_client
@@ -93,3 +95,28 @@ def test_upgrade_from_every_earlier_revision(fresh_db_url: str, start: str) -> N
             assert client.report_outcomes("old", batch.batch_id, {k: (8, 16) for k in batch.keys}).step == 3
     finally:
         server.stop()
+
+
+def test_the_config_json_revision_downgrades_and_upgrades_again(fresh_db_url: str) -> None:
+    """0003 folds the config columns into one JSON object and back, value for value."""
+    store = open_store(fresh_db_url)
+    assert isinstance(store, SqlStore)
+    store.migrate("0002")
+    seed_experiment(store)
+    store.migrate("0003")
+    with store.engine.connect() as conn:
+        stored = json.loads(conn.execute(sa.text("SELECT config FROM experiments WHERE id = 1")).scalar_one())
+    assert stored["weak_feature"] == "w" and stored["seed"] == 0 and stored["forgetting"] == 0.1
+    assert len(stored) == 14
+    with store.engine.begin() as conn:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0002")
+    with store.engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT strategy, weak_feature, seed, forgetting FROM experiments")).one()
+    assert tuple(row) == ("bots", "w", 0, 0.1)
+    store.migrate()
+    with store.engine.connect() as conn:
+        assert json.loads(conn.execute(sa.text("SELECT config FROM experiments")).scalar_one()) == stored
+    store.close()

@@ -20,7 +20,6 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from bots_server.core.domain import ExperimentConfig
 from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import (
     BatchAlreadyReported,
@@ -75,7 +74,7 @@ def event(step: int, batch_id: str, pool_size: int, task_idx: list[int]) -> Step
 
 
 def experiment_with_tasks(store: SqlStore, name: str, n: int) -> int:
-    row = store.create_experiment(name, ExperimentConfig(), NOW)
+    row = store.create_experiment(name, {}, NOW)
     store.add_tasks(row.id, 0, [f"k{i}" for i in range(n)], [{}] * n)
     return row.id
 
@@ -173,10 +172,10 @@ def test_an_unreachable_database_is_unavailable_and_counted(url: str) -> None:
 
 
 def test_experiments_are_created_found_listed_and_deleted(store: SqlStore) -> None:
-    config = ExperimentConfig(seed=7)
+    config = {"seed": 7, "a setting of a later version": [1, "x"]}
     created = store.create_experiment("b", config, NOW)
-    store.create_experiment("a", ExperimentConfig(), NOW)
-    store.create_experiment("c", ExperimentConfig(), NOW)
+    store.create_experiment("a", {}, NOW)
+    store.create_experiment("c", {}, NOW)
     assert store.find_experiment("b") == created
     assert (created.step, created.num_tasks, created.capability, created.config) == (0, 0, None, config)
     assert created.create_time == NOW and created.create_time.tzinfo is not None
@@ -192,20 +191,20 @@ def test_a_taken_name_is_already_exists_and_writes_nothing(store: SqlStore) -> N
     source = experiment_with_tasks(store, "taken", 2)
     before = count_rows(store)
     with pytest.raises(AlreadyExists, match="'taken'"):
-        store.create_experiment("taken", ExperimentConfig(), NOW)
-    copy = ExperimentCopy("taken", ExperimentConfig(), 0, None, [1.0, 1.0], [1.0, 1.0], "taken", source_id=source)
+        store.create_experiment("taken", {}, NOW)
+    copy = ExperimentCopy("taken", {}, 0, None, [1.0, 1.0], [1.0, 1.0], "taken", source_id=source)
     with pytest.raises(AlreadyExists, match="'taken'"):
         store.create_copy(copy, NOW)
     assert count_rows(store) == before
 
 
 def test_create_copy_starts_at_the_given_posterior_and_step(store: SqlStore) -> None:
-    source = store.create_experiment("source", ExperimentConfig(), NOW)
+    source = store.create_experiment("source", {}, NOW)
     store.add_tasks(source.id, 0, ["x", "y", "z"], [{"w": 0.1}, {"w": 0.2}, {"w": 0.3}])
     alpha, beta = np.array([2.0, 3.0]), np.array([4.0, 5.0])
-    fork = store.create_copy(ExperimentCopy("fork", ExperimentConfig(), 5, 0.5, alpha, beta, "source", source_id=source.id), NOW)
+    fork = store.create_copy(ExperimentCopy("fork", {}, 5, 0.5, alpha, beta, "source", source_id=source.id), NOW)
     assert (fork.step, fork.num_tasks, fork.forked_from, fork.forked_at_step) == (5, 2, "source", 5)
-    given = ExperimentCopy("restored", ExperimentConfig(), 3, None, [1.0], [2.0], "elsewhere", keys=["q"], features=[{"w": 1.0}])
+    given = ExperimentCopy("restored", {}, 3, None, [1.0], [2.0], "elsewhere", keys=["q"], features=[{"w": 1.0}])
     restored = store.create_copy(given, NOW)
 
     rows = store.load(fork.id)
@@ -218,7 +217,7 @@ def test_create_copy_starts_at_the_given_posterior_and_step(store: SqlStore) -> 
 
 def test_create_copy_with_unequal_alpha_and_beta_writes_nothing(store: SqlStore) -> None:
     before = count_rows(store)
-    copy = ExperimentCopy("odd", ExperimentConfig(), 0, None, [1.0, 1.0], [1.0], "x", keys=["a", "b"], features=[{}, {}])
+    copy = ExperimentCopy("odd", {}, 0, None, [1.0, 1.0], [1.0], "x", keys=["a", "b"], features=[{}, {}])
     with pytest.raises(ValueError, match="2 alpha values but 1 beta values"):
         store.create_copy(copy, NOW)
     assert count_rows(store) == before and store.find_experiment("odd") is None
@@ -239,7 +238,7 @@ def test_delete_removes_every_row_of_the_experiment(store: SqlStore) -> None:
 
 
 def test_add_tasks_is_a_compare_and_set_on_the_pool_size(store: SqlStore) -> None:
-    row = store.create_experiment("grow", ExperimentConfig(), NOW)
+    row = store.create_experiment("grow", {}, NOW)
     assert store.add_tasks(row.id, 0, ["a", "b"], [{}, {}]) == 2
     before = count_rows(store)
     with pytest.raises(StaleStep):  # another writer added tasks since this one read 1
@@ -249,7 +248,7 @@ def test_add_tasks_is_a_compare_and_set_on_the_pool_size(store: SqlStore) -> Non
 
 
 def test_duplicate_keys_name_the_keys_and_write_nothing(store: SqlStore) -> None:
-    row = store.create_experiment("dups", ExperimentConfig(), NOW)
+    row = store.create_experiment("dups", {}, NOW)
     store.add_tasks(row.id, 0, ["a", "b"], [{}, {}])
     before = count_rows(store)
     with pytest.raises(AlreadyExists, match="'b'"):
@@ -259,7 +258,7 @@ def test_duplicate_keys_name_the_keys_and_write_nothing(store: SqlStore) -> None
 
 
 def test_load_rebuilds_from_the_checkpoint_and_the_events_after_it(store: SqlStore) -> None:
-    config = ExperimentConfig(weak_feature="w", strong_feature="s")
+    config = {"weak_feature": "w", "strong_feature": "s"}
     row = store.create_experiment("load", config, NOW)
     store.add_tasks(row.id, 0, ["a", "b", "c"], [{"w": 0.1, "s": 0.9}, {"w": 0.2}, {}])
     for step in (1, 2, 3):
@@ -267,7 +266,7 @@ def test_load_rebuilds_from_the_checkpoint_and_the_events_after_it(store: SqlSto
         store.commit_report(row.id, step - 1, event(step, f"b{step}", 3, [step - 1]), NOW)
     store.write_checkpoint(row.id, 1, 0.5, np.array([2.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.0]), NOW)
 
-    rows = store.load(row.id)
+    rows = store.load(row.id, reference_features=("w", "s"))
     assert rows is not None and rows.checkpoint is not None
     assert (rows.experiment.step, rows.experiment.capability, rows.checkpoint.step) == (3, 0.5, 1)
     assert (rows.checkpoint.alpha, rows.checkpoint.create_time) == ([2.0, 1.0, 1.0], NOW)
@@ -276,7 +275,7 @@ def test_load_rebuilds_from_the_checkpoint_and_the_events_after_it(store: SqlSto
     assert (rows.batch, rows.leased) == (None, None)
 
     store.add_tasks(row.id, 3, ["d"], [{"w": 0.4}])
-    caught_up = store.load(row.id, after_step=2, first_task=3)
+    caught_up = store.load(row.id, reference_features=("w", "s"), after_step=2, first_task=3)
     assert caught_up is not None
     assert (caught_up.checkpoint, caught_up.keys, caught_up.weak, caught_up.events) == (None, ["d"], [0.4], [event(3, "b3", 3, [2])])
     assert store.read_event(row.id, 2) == event(2, "b2", 3, [1])
@@ -297,7 +296,7 @@ def test_load_looks_up_batches_and_leases_in_the_same_read(store: SqlStore) -> N
 
 
 def test_checkpoints_only_move_forward_and_are_plain_rows(store: SqlStore) -> None:
-    row = store.create_experiment("plain", ExperimentConfig(), NOW)
+    row = store.create_experiment("plain", {}, NOW)
     store.add_tasks(row.id, 0, ["x", "y"], [{}, {}])
     assert store.write_checkpoint(row.id, 3, 0.25, np.array([2.5, 1.0]), np.array([1.5, 4.0]), NOW)
     before = count_rows(store)

@@ -30,6 +30,11 @@ class ExperimentConfig(EngineParams):
         3600.0, "how long a selected batch holds its tasks", low=0.0, low_open=True, high=MAX_LEASE_TTL_SECONDS
     )
 
+    @property
+    def reference_features(self) -> tuple[str, str]:
+        """The names of the weak and strong reference pass rates ("": none)."""
+        return self.weak_feature, self.strong_feature
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -46,9 +46,9 @@ class LiveExperiment:
     def capability(self) -> float | None:
         return None if math.isnan(self.state.capability) else self.state.capability
 
-    def reference_features(self, features: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    def reference_rates(self, features: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
         """Weak and strong reference pass rates of new tasks; NaN where missing."""
-        weak_name, strong_name = self.config.weak_feature, self.config.strong_feature
+        weak_name, strong_name = self.config.reference_features
         weak = np.array([f.get(weak_name, math.nan) if weak_name else math.nan for f in features], dtype=np.float64)
         strong = np.array([f.get(strong_name, math.nan) if strong_name else math.nan for f in features], dtype=np.float64)
         return weak, strong
@@ -90,7 +90,7 @@ class LiveExperiment:
         self.replay(rows.events)
 
     @classmethod
-    def rebuild(cls, rows: LoadedRows) -> LiveExperiment:
+    def rebuild(cls, rows: LoadedRows, config: ExperimentConfig) -> LiveExperiment:
         """The last checkpoint plus a replay of every event after it."""
         checkpoint = rows.checkpoint
         assert checkpoint is not None
@@ -98,11 +98,11 @@ class LiveExperiment:
         live = cls(
             id=exp.id,
             name=exp.name,
-            config=exp.config,
+            config=config,
             create_time=exp.create_time,
             keys=[],
             index={},
-            state=PosteriorState.from_prior(exp.config, np.empty(0), np.empty(0)),
+            state=PosteriorState.from_prior(config, np.empty(0), np.empty(0)),
             step=checkpoint.step,
             checkpoint_step=checkpoint.step,
         )

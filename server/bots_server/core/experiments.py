@@ -26,7 +26,7 @@ class Experiments:
         validation.experiment_name(name)
         validation.config(config)
         rt = self.runtime
-        row = await rt.run(rt.store.create_experiment, name, config, rt.clock())
+        row = await rt.run(rt.store.create_experiment, name, config.to_dict(), rt.clock())
         log.info("experiment created", extra={"experiment": name, "config": config.to_dict()})
         return summary(row, open_batches=0)
 
@@ -74,7 +74,7 @@ class Experiments:
             state = live.state
             copy = ExperimentCopy(
                 name=name,
-                config=config or live.config,
+                config=(config or live.config).to_dict(),
                 step=live.step,
                 capability=live.capability,
                 alpha=state.alpha,
@@ -104,7 +104,7 @@ class Experiments:
         )
         copy = ExperimentCopy(
             name=data.name,
-            config=data.config,
+            config=data.config.to_dict(),
             step=data.step,
             capability=data.capability,
             alpha=data.alpha,
@@ -136,7 +136,7 @@ class Experiments:
 def summary(row: ExperimentRow, open_batches: int) -> Experiment:
     return Experiment(
         name=row.name,
-        config=row.config,
+        config=ExperimentConfig.from_dict(row.config),
         step=row.step,
         num_tasks=row.num_tasks,
         open_batches=open_batches,

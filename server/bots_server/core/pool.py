@@ -36,7 +36,7 @@ class Pool:
                 except StaleStep:
                     await rt.catch_up(live)
                     continue
-                await rt.run(live.append_tasks, keys, *live.reference_features(features))
+                await rt.run(live.append_tasks, keys, *live.reference_rates(features))
                 rt.notify(rt.observer.tasks_added, name, live.num_tasks)
                 log.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
                 return len(keys), live.num_tasks

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView, SelectorObserver
 from bots_server.errors import NotFound, Unavailable
@@ -100,11 +101,12 @@ class Runtime:
         row = await self.run(self.store.find_experiment, name)
         if row is None:
             raise NotFound(f"experiment {name!r} not found")
+        config = ExperimentConfig.from_dict(row.config)
         started = time.perf_counter()
-        rows = await self.run(self.store.load, row.id, lookup=lookup)
+        rows = await self.run(self.store.load, row.id, reference_features=config.reference_features, lookup=lookup)
         if rows is None:
             raise NotFound(f"experiment {name!r} not found")
-        live = await self.run(LiveExperiment.rebuild, rows)
+        live = await self.run(LiveExperiment.rebuild, rows, config)
         self.live[name] = live
         seconds = time.perf_counter() - started
         self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state), seconds)
@@ -121,7 +123,14 @@ class Runtime:
         return live, rows
 
     async def catch_up(self, live: LiveExperiment, lookup: Lookup | None = None) -> LoadedRows:
-        rows = await self.run(self.store.load, live.id, after_step=live.step, first_task=live.num_tasks, lookup=lookup)
+        rows = await self.run(
+            self.store.load,
+            live.id,
+            reference_features=live.config.reference_features,
+            after_step=live.step,
+            first_task=live.num_tasks,
+            lookup=lookup,
+        )
         if rows is None or rows.experiment.name != live.name:
             self.forget(live.name)
             raise NotFound(f"experiment {live.name!r} not found")

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from typing import Any
 
 import numpy as np
 
-from bots_server.core.domain import ExperimentConfig
 from bots_server.store.records import (
     BatchRow,
     ExperimentCopy,
@@ -76,8 +77,9 @@ class Store(abc.ABC):
     # -- experiments ----------------------------------------------------------
 
     @abc.abstractmethod
-    def create_experiment(self, name: str, config: ExperimentConfig, now: dt.datetime) -> ExperimentRow:
+    def create_experiment(self, name: str, config: Mapping[str, Any], now: dt.datetime) -> ExperimentRow:
         """A new experiment at step 0 with no tasks, and its empty checkpoint.
+        `config` is kept as a JSON object, uninterpreted.
 
         Raises AlreadyExists if the name is taken; of two racing creates of
         one name exactly one succeeds.
@@ -131,13 +133,20 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def load(
-        self, experiment_id: int, *, after_step: int | None = None, first_task: int = 0, lookup: Lookup | None = None
+        self,
+        experiment_id: int,
+        *,
+        reference_features: tuple[str, str] = ("", ""),
+        after_step: int | None = None,
+        first_task: int = 0,
+        lookup: Lookup | None = None,
     ) -> LoadedRows | None:
         """Rows to rebuild or catch up an experiment, plus what `lookup` asks
         for, all from one transaction. None if the experiment does not exist.
 
-        The experiment row, the keys and reference features (the config's
-        weak and strong features) of its tasks from `first_task` on, and its
+        The experiment row, the keys and the two `reference_features` (the
+        names of the weak and strong reference pass rates; "": none) of its
+        tasks from `first_task` on, and its
         events up to its step as read in the same transaction, ascending,
         each with its outcomes by task index. after_step None (a rebuild):
         also the checkpoint, and the events after it, all read in one

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from bots_server.core.domain import ExperimentConfig
 
 
 @dataclass(frozen=True)
 class ExperimentRow:
     id: int
     name: str
-    config: ExperimentConfig
+    config: Mapping[str, Any]  # the JSON object as stored
     step: int
     num_tasks: int
     capability: float | None  # after the latest step
@@ -73,7 +72,7 @@ class LoadedRows:
 
     experiment: ExperimentRow
     keys: list[str]  # tasks from the requested start index on
-    weak: list[float | None]  # their reference pass rates (config's weak/strong features)
+    weak: list[float | None]  # their reference pass rates (load's reference_features)
     strong: list[float | None]
     checkpoint: CheckpointRow | None  # None when only reading what is new
     events: list[StepEvent]  # steps after the requested one, ascending
@@ -86,7 +85,7 @@ class ExperimentCopy:
     """Everything a forked or restored experiment starts from."""
 
     name: str
-    config: ExperimentConfig
+    config: Mapping[str, Any]  # the JSON object as stored
     step: int
     capability: float | None
     alpha: Sequence[float]  # a list or a float64 array

@@ -37,20 +37,9 @@ experiments = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("name", String(128), nullable=False, unique=True),
-    Column("strategy", String(16), nullable=False),
-    Column("target_success", Double, nullable=False),
-    Column("forgetting", Double, nullable=False),
-    Column("implicit_weight", Double, nullable=False),
-    Column("rollouts_per_task", Integer, nullable=False),
-    Column("selection_mode", String(16), nullable=False),
-    Column("temperature", Double, nullable=False),
-    Column("weak_feature", String(256), nullable=False),
-    Column("strong_feature", String(256), nullable=False),
-    Column("prior_alpha", Double, nullable=False),
-    Column("prior_beta", Double, nullable=False),
-    Column("seed", BigInteger, nullable=False),
-    Column("lease_ttl_seconds", Double, nullable=False),
-    Column("capability_ema", Double, nullable=False),
+    # Every setting as one JSON object (revision 0003): a new setting needs
+    # no migration. The store does not interpret it.
+    Column("config", Text, nullable=False, server_default="{}"),
     # Number of reports applied; the compare-and-set target of every report.
     Column("step", BigInteger, nullable=False),
     Column("num_tasks", BigInteger, nullable=False),

@@ -17,7 +17,7 @@ import datetime as dt
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -26,7 +26,6 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, Engine
 
-from bots_server.core.domain import ExperimentConfig
 from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import revisions
 from bots_server.store import schema as t
@@ -48,7 +47,6 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_CONFIG_COLUMNS = tuple(f.name for f in dataclasses.fields(ExperimentConfig))
 
 
 def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -155,11 +153,12 @@ class SqlStore(Store):
     # -- experiments ----------------------------------------------------
 
     @_translate_errors
-    def create_experiment(self, name: str, config: ExperimentConfig, now: dt.datetime) -> ExperimentRow:
-        values = {c: getattr(config, c) for c in _CONFIG_COLUMNS}
+    def create_experiment(self, name: str, config: Mapping[str, Any], now: dt.datetime) -> ExperimentRow:
         try:
             with self._write() as conn:
-                experiment_id = _insert_experiment(conn, name=name, step=0, num_tasks=0, create_time=now, **values)
+                experiment_id = _insert_experiment(
+                    conn, name=name, step=0, num_tasks=0, create_time=now, config=_config_json(config)
+                )
                 conn.execute(
                     t.checkpoints.insert().values(
                         experiment_id=experiment_id, step=0, num_tasks=0, capability=None, create_time=now
@@ -171,7 +170,6 @@ class SqlStore(Store):
 
     @_translate_errors
     def create_copy(self, copy: ExperimentCopy, now: dt.datetime) -> ExperimentRow:
-        values = {c: getattr(copy.config, c) for c in _CONFIG_COLUMNS}
         n = len(copy.alpha)
         try:
             with self._write() as conn:
@@ -183,7 +181,7 @@ class SqlStore(Store):
                     create_time=now,
                     forked_from=copy.forked_from,
                     forked_at_step=copy.step,
-                    **values,
+                    config=_config_json(copy.config),
                 )
                 if copy.source_id is not None:
                     conn.execute(
@@ -284,7 +282,13 @@ class SqlStore(Store):
 
     @_translate_errors
     def load(
-        self, experiment_id: int, *, after_step: int | None = None, first_task: int = 0, lookup: Lookup | None = None
+        self,
+        experiment_id: int,
+        *,
+        reference_features: tuple[str, str] = ("", ""),
+        after_step: int | None = None,
+        first_task: int = 0,
+        lookup: Lookup | None = None,
     ) -> LoadedRows | None:
         # A rebuild reads the checkpoint and the events after it: one snapshot.
         # Catching up reads append-only rows bounded by the experiment row.
@@ -303,9 +307,9 @@ class SqlStore(Store):
             if first_task < experiment.num_tasks:
                 # Only the two reference features are needed: extracted in SQL,
                 # without decoding every task's JSON in Python.
-                config = experiment.config
+                weak_name, strong_name = reference_features
                 query = (
-                    sa.select(t.tasks.c.key, self._feature(config.weak_feature), self._feature(config.strong_feature))
+                    sa.select(t.tasks.c.key, self._feature(weak_name), self._feature(strong_name))
                     .where(
                         t.tasks.c.experiment_id == experiment_id,
                         t.tasks.c.task_idx >= first_task,
@@ -574,8 +578,12 @@ def _open_batch(experiment_id: int, now: dt.datetime) -> sa.ColumnElement[bool]:
     )
 
 
+def _config_json(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True)
+
+
 def _experiment_row(row: Any) -> ExperimentRow:
-    config = ExperimentConfig(**{c: getattr(row, c) for c in _CONFIG_COLUMNS})
+    config = json.loads(row.config)
     return ExperimentRow(
         row.id,
         row.name,
