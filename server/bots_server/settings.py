@@ -34,6 +34,13 @@ SETTINGS = (
     Setting("--checkpoint-every-seconds", "BOTS_CHECKPOINT_EVERY_SECONDS", "60", "and at least every T seconds"),
     Setting("--grace-seconds", "BOTS_GRACE_SECONDS", "20", "on SIGTERM, how long in-flight calls may finish"),
     Setting("--workers", "BOTS_WORKERS", "8", "threads for database and numpy work"),
+    Setting(
+        "--database-timeout-seconds",
+        "BOTS_DATABASE_TIMEOUT_SECONDS",
+        "5",
+        "a database that does not answer a ping this long (checked every second) is down: readiness turns "
+        "NOT_SERVING and calls answer UNAVAILABLE until it answers again",
+    ),
     Setting("--log-level", "BOTS_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("--log-format", "BOTS_LOG_FORMAT", "text", "text or json (one JSON object per line)"),
     Setting("--migrate", "BOTS_MIGRATE", "true", "upgrade the schema on start (true/false)"),
@@ -65,6 +72,7 @@ class ServerSettings:
     checkpoint_every_seconds: float = 60.0
     grace_seconds: float = 20.0
     workers: int = 8
+    database_timeout_seconds: float = 5.0
     log_level: str = "INFO"
     log_format: str = "text"
     migrate: bool = True
@@ -117,6 +125,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
             grace_seconds=float(args.grace_seconds),
             workers=int(args.workers),
+            database_timeout_seconds=float(args.database_timeout_seconds),
             log_level=args.log_level.upper(),
             log_format=args.log_format,
             migrate=migrate in ("true", "1", "yes"),

@@ -4,9 +4,12 @@ and the client's default retries ride through a short outage."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -83,3 +86,82 @@ def test_server_rides_through_a_database_outage(cluster: PgCluster) -> None:
         assert client.get_experiment("e").step == 2
     finally:
         server.stop()
+
+
+def cluster_pids(cluster: PgCluster) -> list[int]:
+    """The postmaster and every process it started."""
+    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    pids = [postmaster]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def train(client: bots_client.Client, steps: int, done: list[int]) -> None:
+    for step in range(steps):
+        batch = client.select_batch("e", 4, request_key=f"step-{step}")
+        client.report_outcomes("e", batch.batch_id, {k: (step % 3, 2) for k in batch.keys})
+        done.append(step)
+        time.sleep(0.2)
+
+
+def final_state(client: bots_client.Client) -> tuple[object, ...]:
+    snap = client.snapshot("e")
+    return snap.step, tuple(snap.keys), snap.alpha.tobytes(), snap.beta.tobytes()
+
+
+def test_a_trainer_rides_through_a_hung_database(cluster: PgCluster) -> None:
+    """PostgreSQL frozen with SIGSTOP (it accepts nothing and refuses
+    nothing): readiness turns NOT_SERVING within the documented bound, calls
+    answer UNAVAILABLE instead of hanging to the caller's deadline, and a
+    trainer loop with the default client finishes exactly like one that
+    never saw the hang."""
+    timeout_s = 2.0
+    args = ("--database-timeout-seconds", str(timeout_s))
+    reference = ServerProcess(cluster.create_database("reference"), extra_args=args).start()
+    server = ServerProcess(cluster.create_database("hung"), extra_args=args).start()
+    try:
+        for s in (reference, server):
+            with bots_client.Client(s.address) as setup:
+                setup.create_experiment("e")
+                setup.add_tasks("e", [Task(f"t{i}") for i in range(40)])
+        with bots_client.Client(reference.address) as client:
+            train(client, 12, [])
+            expected = final_state(client)
+
+        client = bots_client.Client(server.address)  # the defaults: 30 s deadline, 60 s of retries
+        done: list[int] = []
+        trainer = threading.Thread(target=train, args=(client, 12, done))
+        trainer.start()
+        assert wait_for(lambda: len(done) >= 3)
+        pids = cluster_pids(cluster)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            assert wait_for(lambda: readiness(server.address) == health_pb2.HealthCheckResponse.NOT_SERVING, 10)
+            noticed = time.monotonic() - frozen
+            assert noticed <= 1.0 + timeout_s + 1.0  # check interval + ping timeout + slack
+            impatient = bots_client.Client(server.address, retry_timeout=0, timeout=60)
+            asked = time.monotonic()
+            with pytest.raises(bots_client.UnavailableError, match="database"):
+                impatient.get_experiment("e")
+            assert time.monotonic() - asked < 5
+            impatient.close()
+            time.sleep(3)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        trainer.join(120)
+        assert not trainer.is_alive() and done == list(range(12))
+        assert wait_for(lambda: readiness(server.address) == health_pb2.HealthCheckResponse.SERVING)
+        assert final_state(client) == expected
+        client.close()
+    finally:
+        server.stop()
+        reference.stop()

@@ -57,7 +57,7 @@ class Batches:
                     reported_step=None,
                 )
                 try:
-                    stored = await rt.run(rt.store.insert_batch, live.id, row, now)
+                    stored = await rt.db(rt.store.insert_batch, live.id, row, now)
                 except (StaleStep, LeaseConflict):  # another replica reported or leased meanwhile
                     now = rt.clock()
                     leased = (await rt.catch_up(live, Lookup(leases_at=now))).leased or []
@@ -111,7 +111,7 @@ class Batches:
                     capability_estimate=None if math.isnan(result.capability_estimate) else result.capability_estimate,
                 )
                 try:
-                    await rt.run(rt.store.commit_report, live.id, live.step, event, rt.clock())
+                    await rt.db(rt.store.commit_report, live.id, live.step, event, rt.clock())
                 except StaleStep:
                     await rt.catch_up(live)
                     continue
@@ -135,7 +135,7 @@ class Batches:
     ) -> ReportResult:
         assert batch.reported_step is not None
         rt = self.runtime
-        event = await rt.run(rt.store.read_event, live.id, batch.reported_step)
+        event = await rt.db(rt.store.read_event, live.id, batch.reported_step)
         if (event.task_idx, event.successes, event.trials) != (task_idx, successes, trials):
             raise FailedPrecondition(
                 f"batch {batch.batch_id!r} was already reported at step {batch.reported_step} with other outcomes"

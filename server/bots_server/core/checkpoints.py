@@ -52,7 +52,7 @@ class Checkpoints:
         capability = None if math.isnan(state.capability) else state.capability
         started = time.perf_counter()
         try:
-            await runtime.run(
+            await runtime.db(
                 runtime.store.write_checkpoint, live.id, step, capability, state.alpha, state.beta, runtime.clock()
             )
         except Exception:

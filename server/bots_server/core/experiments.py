@@ -26,25 +26,25 @@ class Experiments:
         validation.experiment_name(name)
         validation.config(config)
         rt = self.runtime
-        row = await rt.run(rt.store.create_experiment, name, config.to_dict(), rt.clock())
+        row = await rt.db(rt.store.create_experiment, name, config.to_dict(), rt.clock())
         log.info("experiment created", extra={"experiment": name, "config": config.to_dict()})
         return summary(row, open_batches=0)
 
     async def get(self, name: str) -> Experiment:
         validation.experiment_name(name)
         rt = self.runtime
-        row = await rt.run(rt.store.find_experiment, name)
+        row = await rt.db(rt.store.find_experiment, name)
         if row is None:
             raise NotFound(f"experiment {name!r} not found")
-        return summary(row, await rt.run(rt.store.count_open_batches, row.id, rt.clock()))
+        return summary(row, await rt.db(rt.store.count_open_batches, row.id, rt.clock()))
 
     async def list(self, page_size: int, page_token: str) -> tuple[list[Experiment], str]:
         validation.page(page_size, page_token)
         limit = page_size or DEFAULT_PAGE_SIZE
         rt = self.runtime
-        rows = await rt.run(rt.store.list_experiments, page_token, limit)
+        rows = await rt.db(rt.store.list_experiments, page_token, limit)
         now = rt.clock()
-        result = [summary(row, await rt.run(rt.store.count_open_batches, row.id, now)) for row in rows]
+        result = [summary(row, await rt.db(rt.store.count_open_batches, row.id, now)) for row in rows]
         next_token = rows[-1].name if len(rows) == limit else ""
         return result, next_token
 
@@ -52,13 +52,13 @@ class Experiments:
         validation.experiment_name(name)
         rt = self.runtime
         async with rt.locked(name):
-            row = await rt.run(rt.store.find_experiment, name)
+            row = await rt.db(rt.store.find_experiment, name)
             if row is None:
                 raise NotFound(f"experiment {name!r} not found")
             live = rt.live.get(name)
             if live is not None:
                 self.checkpoints.cancel(live)
-            await rt.run(rt.store.delete_experiment, row.id)
+            await rt.db(rt.store.delete_experiment, row.id)
             rt.forget(name)
         log.info("experiment deleted", extra={"experiment": name})
 
@@ -82,7 +82,7 @@ class Experiments:
                 forked_from=source,
                 source_id=live.id,
             )
-            row = await rt.run(rt.store.create_copy, copy, rt.clock())
+            row = await rt.db(rt.store.create_copy, copy, rt.clock())
         log.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
         return summary(row, open_batches=0)
 
@@ -113,7 +113,7 @@ class Experiments:
             keys=data.keys,
             features=data.features,
         )
-        row = await rt.run(rt.store.create_copy, copy, rt.clock())
+        row = await rt.db(rt.store.create_copy, copy, rt.clock())
         log.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
         return summary(row, open_batches=0)
 
@@ -123,13 +123,13 @@ class Experiments:
         async with rt.locked(name):
             live, _ = await rt.ready(name)
             state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
-        row = await rt.run(rt.store.find_experiment, name)
+        row = await rt.db(rt.store.find_experiment, name)
         if row is None or row.id != live.id:
             raise NotFound(f"experiment {name!r} not found")
-        open_batches = await rt.run(rt.store.count_open_batches, live.id, rt.clock())
+        open_batches = await rt.db(rt.store.count_open_batches, live.id, rt.clock())
         experiment = summary(dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches)
         alpha, beta = await rt.run(lambda: (state.alpha.tolist(), state.beta.tolist()))
-        features = await rt.run(rt.store.load_features, live.id, len(keys)) if include_features else None
+        features = await rt.db(rt.store.load_features, live.id, len(keys)) if include_features else None
         return Snapshot(experiment, keys, alpha, beta, features)
 
 

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from bots_server.core.database import DatabaseHealth
 from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView, SelectorObserver
@@ -49,8 +50,10 @@ class Runtime:
         max_workers: int,
         clock: Callable[[], dt.datetime],
         observer: SelectorObserver,
+        database_timeout_s: float,
     ) -> None:
         self.store = store
+        self.database = DatabaseHealth(store, database_timeout_s)
         self.observer = observer
         self.clock = clock
         self.live: dict[str, LiveExperiment] = {}
@@ -62,6 +65,11 @@ class Runtime:
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         return await loop.run_in_executor(self._executor, functools.partial(context.run, fn, *args, **kwargs))
+
+    async def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """A store call on the pool; Unavailable at once while the database
+        is not answering (see core/database.py)."""
+        return await self.database.call(self.run(fn, *args, **kwargs))
 
     def notify(self, hook: Callable[..., None], *args: object) -> None:
         """Run an observer hook on a worker thread, off the request's path."""
@@ -98,12 +106,12 @@ class Runtime:
                 return live, await self.catch_up(live, lookup)
             except NotFound:
                 pass  # deleted elsewhere; the name may have been reused: look it up again
-        row = await self.run(self.store.find_experiment, name)
+        row = await self.db(self.store.find_experiment, name)
         if row is None:
             raise NotFound(f"experiment {name!r} not found")
         config = ExperimentConfig.from_dict(row.config)
         started = time.perf_counter()
-        rows = await self.run(self.store.load, row.id, reference_features=config.reference_features, lookup=lookup)
+        rows = await self.db(self.store.load, row.id, reference_features=config.reference_features, lookup=lookup)
         if rows is None:
             raise NotFound(f"experiment {name!r} not found")
         live = await self.run(LiveExperiment.rebuild, rows, config)
@@ -123,7 +131,7 @@ class Runtime:
         return live, rows
 
     async def catch_up(self, live: LiveExperiment, lookup: Lookup | None = None) -> LoadedRows:
-        rows = await self.run(
+        rows = await self.db(
             self.store.load,
             live.id,
             reference_features=live.config.reference_features,

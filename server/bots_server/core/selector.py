@@ -27,9 +27,16 @@ class SelectorService:
         max_workers: int = 8,
         clock: Callable[[], dt.datetime] = utcnow,
         observer: SelectorObserver | None = None,
+        database_timeout_s: float = 5.0,
     ) -> None:
         self.store = store
-        self.runtime = Runtime(store, max_workers=max_workers, clock=clock, observer=observer or SelectorObserver())
+        self.runtime = Runtime(
+            store,
+            max_workers=max_workers,
+            clock=clock,
+            observer=observer or SelectorObserver(),
+            database_timeout_s=database_timeout_s,
+        )
         self.checkpoints = Checkpoints(self.runtime, checkpoint_policy)
         self.experiments = Experiments(self.runtime, self.checkpoints)
         self.pool = Pool(self.runtime)

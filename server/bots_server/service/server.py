@@ -20,7 +20,6 @@ from grpc_reflection.v1alpha import reflection
 import bots_server
 from bots_client.proto import bots_pb2
 from bots_server.core.selector import CheckpointPolicy, SelectorService
-from bots_server.errors import Unavailable
 from bots_server.metrics import Metrics
 from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
 from bots_server.service import handlers
@@ -35,8 +34,6 @@ SERVICE_NAME = bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"].full_name
 # Readiness is reported for the service name (it follows the database);
 # the empty name is liveness (serving while the process runs).
 READINESS_SERVICE = SERVICE_NAME
-DB_CHECK_INTERVAL_S = 5.0
-
 
 class BotsServer:
     """A running server. `port` is the bound port (useful with port 0)."""
@@ -50,6 +47,7 @@ class BotsServer:
             checkpoint_policy=CheckpointPolicy(settings.checkpoint_every_steps, settings.checkpoint_every_seconds),
             max_workers=settings.workers,
             observer=self.metrics.observer,
+            database_timeout_s=settings.database_timeout_seconds,
         )
         self.health = HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(self.metrics.rpc)]
@@ -72,7 +70,6 @@ class BotsServer:
         if self.port == 0:
             raise SystemExit(f"bots-server: cannot listen on {settings.listen}: the address is in use or not valid here")
         self.metrics_port: int | None = None
-        self._database_up: bool | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -81,10 +78,12 @@ class BotsServer:
         self._start_metrics()
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self._check_database()
+        database = self.selector.runtime.database
+        database.on_change(self._database_changed)
+        await database.check()
         self._tasks = [
             asyncio.create_task(self.selector.checkpoints.run(), name="checkpoints"),
-            asyncio.create_task(self._watch_database(), name="database-health"),
+            asyncio.create_task(database.watch(), name="database-health"),
             asyncio.create_task(self.metrics.watch_event_loop(), name="event-loop-lag"),
         ]
         log.info(
@@ -114,26 +113,10 @@ class BotsServer:
                 extra={"metrics_listen": self.settings.metrics_listen, "error": str(e)},
             )
 
-    async def _check_database(self) -> None:
-        try:
-            await asyncio.to_thread(self.store.ping)
-        except Unavailable as e:
-            if self._database_up is not False:  # a line per change, not per check
-                log.warning("database unreachable; not ready", extra={"error": str(e)})
-            self._database_up = False
-            status = health_pb2.HealthCheckResponse.NOT_SERVING
-        else:
-            if self._database_up is False:
-                log.info("database reachable again; ready")
-            self._database_up = True
-            status = health_pb2.HealthCheckResponse.SERVING
-        self.metrics.database_up.set(1 if self._database_up else 0)
+    async def _database_changed(self, up: bool) -> None:
+        self.metrics.database_up.set(1 if up else 0)
+        status = health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
         await self.health.set(READINESS_SERVICE, status)
-
-    async def _watch_database(self) -> None:
-        while True:
-            await asyncio.sleep(DB_CHECK_INTERVAL_S)
-            await self._check_database()
 
     async def stop(self) -> None:
         """Stop accepting calls, let in-flight ones finish, checkpoint, close."""

@@ -22,8 +22,10 @@ _MIGRATION_LOCK_KEY = 0x626F7473
 
 class PostgresStore(SqlStore):
     """Calls fail fast instead of hanging: connecting, waiting for a pooled
-    connection, statements and lock waits are bounded, and TCP keepalives
-    notice a database host that vanished."""
+    connection, statements and lock waits are bounded, and TCP keepalives and
+    the TCP user timeout notice a database host that vanished. A database
+    that hangs but keeps its connections open is noticed by the core's
+    health check (core/database.py)."""
 
     def __init__(
         self,
@@ -103,6 +105,9 @@ def _create_engine(url: URL, connect_timeout_s: int, statement_timeout_ms: int) 
             "keepalives_idle": 10,
             "keepalives_interval": 5,
             "keepalives_count": 3,
+            # Sent data unacknowledged this long (a dead network path): the
+            # connection fails instead of waiting for TCP's many minutes.
+            "tcp_user_timeout": 30_000,
         },
     )
 
