@@ -87,6 +87,9 @@ class DatabaseHealth:
         down = asyncio.ensure_future(self._down.wait())
         try:
             await asyncio.wait((task, down), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.add_done_callback(_ignore_result)  # the caller left; the work ends on its own
+            raise
         finally:
             down.cancel()
         if task.done():

@@ -113,7 +113,7 @@ class Experiments:
             keys=data.keys,
             features=data.features,
         )
-        row = await rt.db(rt.store.create_copy, copy, rt.clock())
+        row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
         log.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
         return summary(row, open_batches=0)
 

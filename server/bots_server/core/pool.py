@@ -32,7 +32,7 @@ class Pool:
                 if taken:
                     raise _already_has(name, taken)
                 try:
-                    await rt.db(rt.store.add_tasks, live.id, live.num_tasks, keys, features)
+                    await rt.db_write_unless_cancelled(rt.store.add_tasks, live.id, live.num_tasks, keys, features)
                 except StaleStep:
                     await rt.catch_up(live)
                     continue

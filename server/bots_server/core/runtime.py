@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,6 +71,19 @@ class Runtime:
         """A store call on the pool; Unavailable at once while the database
         is not answering (see core/database.py)."""
         return await self.database.call(self.run(fn, *args, **kwargs))
+
+    async def db_write_unless_cancelled(self, fn: Callable[..., T], *args: object) -> T:
+        """A store write (taking `abandoned=`) that commits only if this call
+        is still wanted: if the call is cancelled (its client cancelled, its
+        stream broke, its deadline passed) before the transaction commits,
+        the transaction rolls back. A cancellation that arrives during the
+        COMMIT itself finds the write complete: it is then applied in full."""
+        cancelled = threading.Event()
+        try:
+            return await self.db(fn, *args, abandoned=cancelled.is_set)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
     def notify(self, hook: Callable[..., None], *args: object) -> None:
         """Run an observer hook on a worker thread, off the request's path."""

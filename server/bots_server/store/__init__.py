@@ -8,7 +8,14 @@ from collections.abc import Callable
 from sqlalchemy import exc, make_url
 
 from bots_server.store.base import Store
-from bots_server.store.errors import BatchAlreadyReported, DatabaseInUse, LeaseConflict, StaleStep, UnsupportedDatabase
+from bots_server.store.errors import (
+    Abandoned,
+    BatchAlreadyReported,
+    DatabaseInUse,
+    LeaseConflict,
+    StaleStep,
+    UnsupportedDatabase,
+)
 from bots_server.store.postgresql import PostgresStore
 from bots_server.store.records import (
     BatchRow,
@@ -48,6 +55,7 @@ def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], N
 
 
 __all__ = [
+    "Abandoned",
     "BatchAlreadyReported",
     "BatchRow",
     "CheckpointRow",

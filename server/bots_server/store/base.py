@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from typing import Any
 
@@ -86,7 +86,9 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def create_copy(self, copy: ExperimentCopy, now: dt.datetime) -> ExperimentRow:
+    def create_copy(
+        self, copy: ExperimentCopy, now: dt.datetime, abandoned: Callable[[], bool] | None = None
+    ) -> ExperimentRow:
         """A new experiment starting at a given posterior and step (fork,
         restore): its tasks (copied from `copy.source_id`'s first
         len(copy.alpha) tasks, or the given keys and features), a checkpoint
@@ -94,7 +96,7 @@ class Store(abc.ABC):
 
         Raises AlreadyExists if the name is taken, ValueError if alpha and
         beta differ in length; nothing is written then. Keys must be unique
-        (the caller validates them).
+        (the caller validates them). `abandoned`: see add_tasks.
         """
 
     @abc.abstractmethod
@@ -120,7 +122,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def add_tasks(
-        self, experiment_id: int, expected_num_tasks: int, keys: Sequence[str], features: Sequence[dict[str, float]]
+        self,
+        experiment_id: int,
+        expected_num_tasks: int,
+        keys: Sequence[str],
+        features: Sequence[dict[str, float]],
+        abandoned: Callable[[], bool] | None = None,
     ) -> int:
         """Append tasks at indices expected_num_tasks, expected_num_tasks+1, ...
         and return the new number of tasks.
@@ -129,6 +136,9 @@ class Store(abc.ABC):
         is not `expected_num_tasks` (another writer added tasks first).
         AlreadyExists, naming up to 5 of the keys, if the experiment has any
         of them already. Nothing is written in either case.
+
+        `abandoned` is asked just before the commit; if it says True, nothing
+        is written and Abandoned is raised (the caller went away meanwhile).
         """
 
     @abc.abstractmethod

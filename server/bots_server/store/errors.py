@@ -18,6 +18,11 @@ class LeaseConflict(Exception):
     """Another writer leased some of the chosen tasks first: choose again."""
 
 
+class Abandoned(Exception):
+    """The caller gave up before the write committed (its `abandoned` check
+    said so): the transaction was rolled back, nothing was written."""
+
+
 class DatabaseInUse(Exception):
     """Another server process holds this SQLite file."""
 

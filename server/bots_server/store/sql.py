@@ -30,7 +30,7 @@ from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import revisions
 from bots_server.store import schema as t
 from bots_server.store.base import Store
-from bots_server.store.errors import BatchAlreadyReported, LeaseConflict, StaleStep
+from bots_server.store.errors import Abandoned, BatchAlreadyReported, LeaseConflict, StaleStep
 from bots_server.store.records import (
     BatchRow,
     CheckpointRow,
@@ -115,9 +115,13 @@ class SqlStore(Store):
         return self.url.render_as_string(hide_password=True)
 
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def _write(self, abandoned: Callable[[], bool] | None = None) -> Iterator[Connection]:
+        """A write transaction; `abandoned` is asked last, just before the
+        commit: if it says True, the transaction rolls back (Abandoned)."""
         with self._write_connection() as conn, conn.begin():
             yield conn
+            if abandoned is not None and abandoned():
+                raise Abandoned()
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[Connection]:
@@ -169,10 +173,12 @@ class SqlStore(Store):
         return ExperimentRow(experiment_id, name, config, 0, 0, None, now)
 
     @_translate_errors
-    def create_copy(self, copy: ExperimentCopy, now: dt.datetime) -> ExperimentRow:
+    def create_copy(
+        self, copy: ExperimentCopy, now: dt.datetime, abandoned: Callable[[], bool] | None = None
+    ) -> ExperimentRow:
         n = len(copy.alpha)
         try:
-            with self._write() as conn:
+            with self._write(abandoned) as conn:
                 experiment_id = _insert_experiment(
                     conn,
                     name=copy.name,
@@ -247,11 +253,16 @@ class SqlStore(Store):
 
     @_translate_errors
     def add_tasks(
-        self, experiment_id: int, expected_num_tasks: int, keys: Sequence[str], features: Sequence[dict[str, float]]
+        self,
+        experiment_id: int,
+        expected_num_tasks: int,
+        keys: Sequence[str],
+        features: Sequence[dict[str, float]],
+        abandoned: Callable[[], bool] | None = None,
     ) -> int:
         total = expected_num_tasks + len(keys)
         try:
-            with self._write() as conn:
+            with self._write(abandoned) as conn:
                 updated = conn.execute(
                     t.experiments.update()
                     .where(t.experiments.c.id == experiment_id, t.experiments.c.num_tasks == expected_num_tasks)
