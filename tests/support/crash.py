@@ -64,6 +64,10 @@ class CrashReport:
     kills: int
     phases: dict[str, int]
     identical: bool
+    # Reports acknowledged to the trainer, against steps the server applied:
+    # fewer applied is a lost outcome, more a doubled one.
+    lost: int
+    doubled: int
 
 
 def crash_run(
@@ -103,8 +107,10 @@ def crash_run(
         trainer.join(timeout=600)
         if trainer.is_alive() or not run.done.is_set():
             raise RuntimeError(f"trainer did not finish: {len(run.picks)} of {steps} steps")
-        identical = run.picks == expected_run.picks and final_state(client, "crash") == expected
-        return CrashReport(done_kills, phases, identical)
+        state = final_state(client, "crash")
+        applied = int(state[0])  # type: ignore[call-overload]
+        identical = run.picks == expected_run.picks and state == expected
+        return CrashReport(done_kills, phases, identical, max(0, steps - applied), max(0, applied - steps))
     finally:
         client.close()
         server.kill()
