@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bots_server.errors import Unavailable
 from bots_server.store import Store
@@ -98,6 +98,6 @@ class DatabaseHealth:
         raise Unavailable("the database stopped answering; retry")
 
 
-def _ignore_result(task: asyncio.Future[object]) -> None:
+def _ignore_result(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved, so asyncio does not log it as lost

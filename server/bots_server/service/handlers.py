@@ -41,11 +41,12 @@ def method_handlers(servicer: TaskSelectorServicer) -> dict[str, grpc.RpcMethodH
 def register(server: grpc.aio.Server, servicer: TaskSelectorServicer) -> None:
     handlers = method_handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
+    server.add_registered_method_handlers(SERVICE, handlers)  # type: ignore[attr-defined]  # grpcio >= 1.62
 
 
 def _tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    parse: Callable[[bytes], Any] = handler.request_deserializer
+    parse = handler.request_deserializer
+    assert parse is not None  # generated handlers always parse their request
     message_type = getattr(parse, "__self__", None)
     type_name = message_type.DESCRIPTOR.full_name if message_type is not None else "request"
 
@@ -62,4 +63,5 @@ def _tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         return grpc.stream_unary_rpc_method_handler(handler.stream_unary, **serde)
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(handler.unary_stream, **serde)
+    assert handler.stream_stream is not None
     return grpc.stream_stream_rpc_method_handler(handler.stream_stream, **serde)

@@ -148,7 +148,7 @@ class RequestIdInterceptor(grpc.aio.ServerInterceptor):
     to the call's log records and sends it back in the trailing metadata, so
     a client can quote it in a bug report."""
 
-    async def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # None for unknown methods: the stubs omit it
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
@@ -179,7 +179,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: RpcMetrics) -> None:
         self.metrics = metrics
 
-    async def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # None for unknown methods: the stubs omit it
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
@@ -235,7 +235,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         matches = [hmac.compare_digest(given, t) for t in self._tokens]
         return any(matches)
 
-    async def intercept_service(
+    async def intercept_service(  # type: ignore[override]  # None for unknown methods: the stubs omit it
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         method: str = handler_call_details.method  # type: ignore[attr-defined]

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,8 @@ class ExperimentCopy:
     config: Mapping[str, Any]  # the JSON object as stored
     step: int
     capability: float | None
-    alpha: Sequence[float]  # a list or a float64 array
-    beta: Sequence[float]
+    alpha: Sequence[float] | np.ndarray
+    beta: Sequence[float] | np.ndarray
     forked_from: str
     # Tasks: either copied row by row from an experiment in this database
     # (source_id, the first len(alpha) tasks) or given (keys and features).

@@ -118,9 +118,9 @@ def _decode(deserializer: Serializer, data: bytes) -> Any:
     return data if deserializer is None else deserializer(data)  # type: ignore[arg-type]
 
 
-async def _requests(handler: grpc.RpcMethodHandler, encoded: Sequence[bytes]) -> AsyncIterator[Any]:
+async def _requests(parse: Callable[[bytes], Any], encoded: Sequence[bytes]) -> AsyncIterator[Any]:
     for data in encoded:
-        yield handler.request_deserializer(data)
+        yield parse(data)
 
 
 async def _invoke(service: InProcessService, method: str, encoded: bytes | list[bytes]) -> bytes | list[bytes]:
@@ -132,17 +132,18 @@ async def _invoke(service: InProcessService, method: str, encoded: bytes | list[
                 f"Received message larger than max ({len(message)} vs. {MAX_RECEIVE_MESSAGE_BYTES})",
             )
     handler = service.handler(method)
+    # The servicer's behaviors are coroutines and async generators (grpc.aio);
+    # grpc's stubs type handlers for the synchronous server.
+    parse: Any = handler.request_deserializer
+    serialize: Any = handler.response_serializer
+    behavior: Any = handler.unary_unary or handler.stream_unary or handler.unary_stream
     context = _Context()
-    if handler.unary_unary is not None:
-        response = await handler.unary_unary(handler.request_deserializer(encoded), context)
-    elif handler.stream_unary is not None:
+    if handler.stream_unary is not None:
         assert isinstance(encoded, list)
-        response = await handler.stream_unary(_requests(handler, encoded), context)
-    else:
-        assert handler.unary_stream is not None
-        responses = handler.unary_stream(handler.request_deserializer(encoded), context)
-        return [handler.response_serializer(r) async for r in responses]
-    return handler.response_serializer(response)
+        return serialize(await behavior(_requests(parse, encoded), context))
+    if handler.unary_stream is not None:
+        return [serialize(r) async for r in behavior(parse(encoded), context)]
+    return serialize(await behavior(parse(encoded), context))
 
 
 class _Call:
@@ -158,7 +159,7 @@ class _Call:
             return [_encode(self.serialize, r) for r in request]
         return _encode(self.serialize, request)
 
-    def _decode(self, result: bytes | list[bytes]) -> Any:
+    def _decode(self, result: Any) -> Any:
         if self.streaming == "response":
             assert isinstance(result, list)
             return _Responses([_decode(self.deserialize, r) for r in result])
@@ -199,7 +200,7 @@ class _AsyncResponses:
 class InProcessChannel:
     """The methods of grpc.Channel that generated stubs use."""
 
-    _call = _SyncCall
+    _call: type[_Call] = _SyncCall
 
     def __init__(self, service: InProcessService) -> None:
         self.service = service

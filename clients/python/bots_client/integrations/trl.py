@@ -183,7 +183,9 @@ class BotsGRPO:
         """A subclass of `base` (default trl.GRPOTrainer) drawing its train
         prompts through this object."""
         if base is None:
-            from trl import GRPOTrainer as base
+            from trl import GRPOTrainer
+
+            base = GRPOTrainer
         bots = self
 
         class BotsGRPOTrainer(base):  # type: ignore[misc, valid-type]

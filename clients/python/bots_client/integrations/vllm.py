@@ -152,7 +152,7 @@ def generate_openai(
     choices prompt_index * n + sample. Chat: one request per conversation."""
     base = endpoint.rstrip("/")
     if chat:
-        groups = []
+        conversations: list[list[str]] = []
         for messages in prompts:
             body = {"model": model, "messages": messages, "n": n, **params}
             choices = sorted(
@@ -160,8 +160,8 @@ def generate_openai(
             )
             if len(choices) != n:
                 raise RuntimeError(f"the server returned {len(choices)} choices, expected n = {n}")
-            groups.append([c["message"]["content"] for c in choices])
-        return groups
+            conversations.append([c["message"]["content"] for c in choices])
+        return conversations
     body = {"model": model, "prompt": list(prompts), "n": n, **params}
     choices = _post(f"{base}/completions", body, api_key, timeout)["choices"]
     if len(choices) != n * len(prompts):

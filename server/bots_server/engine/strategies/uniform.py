@@ -11,7 +11,7 @@ from bots_server.engine.strategies.base import Strategy
 
 
 def score(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return rng.random(alpha.shape[0])
+    return rng.random(size=(alpha.shape[0],))
 
 
 STRATEGY = Strategy(

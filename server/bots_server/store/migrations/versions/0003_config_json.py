@@ -11,6 +11,7 @@ Create Date: 2026-11-23
 """
 
 import json
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -21,7 +22,7 @@ branch_labels = None
 depends_on = None
 
 # The config columns of revisions 0001-0002 and their types.
-COLUMNS = {
+COLUMNS: dict[str, Any] = {
     "strategy": sa.String(16),
     "target_success": sa.Double,
     "forgetting": sa.Double,
@@ -39,7 +40,7 @@ COLUMNS = {
 }
 
 
-def _experiments(*columns: str) -> sa.Table:
+def _experiments(*columns: str) -> sa.TableClause:
     return sa.table("experiments", sa.column("id", sa.Integer), *(sa.column(c) for c in columns))
 
 
