@@ -2,9 +2,11 @@
 
     bots-server serve [--db URL] [--listen HOST:PORT] ...
     bots-server migrate [--db URL] [--wait-seconds S] [--check]
-    bots-server experiments list [--server HOST:PORT]
-    bots-server experiments show NAME [--server HOST:PORT]
-    bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT]
+    bots-server experiments list [--server HOST:PORT] [--tls | --tls-ca CA] [--tls-cert C --tls-key K]
+    bots-server experiments show NAME [--server HOST:PORT] ...
+    bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT] ...
+
+The ops commands read a bearer token from BOTS_TOKEN.
 """
 
 from __future__ import annotations
@@ -72,6 +74,30 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect(args: argparse.Namespace) -> bots_client.Client:
+    """A client of the server the ops command names, with its TLS and token."""
+    credentials = None
+    if args.tls or args.tls_ca or args.tls_cert:
+        credentials = bots_client.tls_credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+    metadata = bots_client.bearer(args.token) if args.token else ()
+    return bots_client.Client(args.server, credentials=credentials, metadata=metadata)
+
+
+def _connection_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument(
+        "--server", default=env("BOTS_SERVER", DEFAULT_SERVER), help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})"
+    )
+    parser.add_argument("--tls", action="store_true", help="TLS with the system's CA roots")
+    parser.add_argument("--tls-ca", default=env("BOTS_TLS_CA", ""), help="PEM CA of the server's certificate (env BOTS_TLS_CA)")
+    parser.add_argument(
+        "--tls-cert", default=env("BOTS_CLIENT_CERT", ""), help="PEM client certificate, for mutual TLS (env BOTS_CLIENT_CERT)"
+    )
+    parser.add_argument("--tls-key", default=env("BOTS_CLIENT_KEY", ""), help="PEM key of --tls-cert (env BOTS_CLIENT_KEY)")
+    # The token from the environment only: flags show up in `ps`.
+    parser.set_defaults(token=env("BOTS_TOKEN", ""))
+
+
 def _experiment_dict(e: bots_client.Experiment) -> dict[str, object]:
     d = dataclasses.asdict(e)
     d["create_time"] = e.create_time.isoformat()
@@ -79,7 +105,7 @@ def _experiment_dict(e: bots_client.Experiment) -> dict[str, object]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    with bots_client.Client(args.server) as client:
+    with _connect(args) as client:
         experiments = client.list_experiments()
     print(f"{'NAME':<32} {'STRATEGY':<8} {'STEP':>8} {'TASKS':>10} {'OPEN':>5} CAPABILITY")
     for e in experiments:
@@ -89,13 +115,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with bots_client.Client(args.server) as client:
+    with _connect(args) as client:
         print(json.dumps(_experiment_dict(client.get_experiment(args.name)), indent=2))
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    with bots_client.Client(args.server) as client:
+    with _connect(args) as client:
         snap = client.snapshot(args.name)
     out: IO[str] = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
     try:
@@ -142,7 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     migrate.set_defaults(run=_migrate)
 
-    server_default = os.environ.get("BOTS_SERVER", DEFAULT_SERVER)
     experiments = commands.add_parser("experiments", help="list or show experiments of a running server")
     sub = experiments.add_subparsers(dest="action", required=True)
     listing = sub.add_parser("list")
@@ -151,13 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("name")
     show.set_defaults(run=_show)
     for p in (listing, show):
-        p.add_argument("--server", default=server_default, help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})")
+        _connection_arguments(p)
 
     export = commands.add_parser("export", help="export an experiment's posterior to CSV or JSON lines")
     export.add_argument("name")
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     export.add_argument("--output", default="-", help="file to write (default: standard output)")
-    export.add_argument("--server", default=server_default, help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})")
+    _connection_arguments(export)
     export.set_defaults(run=_export)
     return parser
 

@@ -44,6 +44,20 @@ SETTINGS = (
     Setting("--log-level", "BOTS_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("--log-format", "BOTS_LOG_FORMAT", "text", "text or json (one JSON object per line)"),
     Setting("--migrate", "BOTS_MIGRATE", "true", "upgrade the schema on start (true/false)"),
+    Setting("--tls-cert", "BOTS_TLS_CERT", "", "PEM certificate (chain) of the server; with --tls-key: serve TLS only"),
+    Setting("--tls-key", "BOTS_TLS_KEY", "", "PEM private key of --tls-cert"),
+    Setting(
+        "--tls-client-ca",
+        "BOTS_TLS_CLIENT_CA",
+        "",
+        "PEM CA certificates: clients must present a certificate they signed (mutual TLS)",
+    ),
+    Setting(
+        "--health-listen",
+        "BOTS_HEALTH_LISTEN",
+        "",
+        "HOST:PORT of a plaintext port serving only the gRPC health service (for probes when the main port is TLS)",
+    ),
     Setting(
         "--auth-tokens-file",
         "BOTS_AUTH_TOKENS_FILE",
@@ -77,6 +91,10 @@ class ServerSettings:
     log_format: str = "text"
     migrate: bool = True
     auth_tokens: frozenset[str] = frozenset()
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    health_listen: str = ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +131,12 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit(f"--log-format / BOTS_LOG_FORMAT = {args.log_format!r}: expected text or json")
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SystemExit(f"--log-level / BOTS_LOG_LEVEL = {args.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("--tls-cert and --tls-key (BOTS_TLS_CERT, BOTS_TLS_KEY): set both or neither")
+    if args.tls_client_ca and not args.tls_cert:
+        raise SystemExit("--tls-client-ca (BOTS_TLS_CLIENT_CA) needs --tls-cert and --tls-key")
+    if args.health_listen.strip():
+        split_host_port(args.health_listen.strip(), "--health-listen / BOTS_HEALTH_LISTEN")
     metrics_listen = args.metrics_listen.strip()
     if metrics_listen:
         split_host_port(metrics_listen, "--metrics-listen / BOTS_METRICS_LISTEN")
@@ -130,6 +154,10 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             log_format=args.log_format,
             migrate=migrate in ("true", "1", "yes"),
             auth_tokens=auth_tokens(os.environ.get("BOTS_AUTH_TOKENS", ""), args.auth_tokens_file),
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
+            health_listen=args.health_listen.strip(),
         )
     except ValueError as e:
         raise SystemExit(f"bad setting: {e}") from e

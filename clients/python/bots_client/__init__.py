@@ -23,6 +23,7 @@ from bots_client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from bots_client.security import bearer, tls_credentials
 from bots_client.types import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, Snapshot, Task
 
 __all__ = [
@@ -46,4 +47,6 @@ __all__ = [
     "Task",
     "UnauthenticatedError",
     "UnavailableError",
+    "bearer",
+    "tls_credentials",
 ]

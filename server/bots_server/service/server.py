@@ -22,7 +22,7 @@ from bots_client.proto import bots_pb2
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.metrics import Metrics
 from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
-from bots_server.service import handlers
+from bots_server.service import handlers, tls
 from bots_server.service.interceptors import AuthInterceptor, MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.servicer import TaskSelectorServicer
 from bots_server.settings import ServerSettings, split_host_port
@@ -34,6 +34,25 @@ SERVICE_NAME = bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"].full_name
 # Readiness is reported for the service name (it follows the database);
 # the empty name is liveness (serving while the process runs).
 READINESS_SERVICE = SERVICE_NAME
+
+# No SO_REUSEPORT (grpc's default): a second server on a port in use must
+# fail, not silently take part of the new connections.
+_NO_REUSEPORT = (("grpc.so_reuseport", 0),)
+
+
+def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind `address` (TLS with credentials); the bound port, or exit with why not."""
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise SystemExit(f"bots-server: cannot listen on {address}: the address is in use or not valid here")
+    return port
+
 
 class BotsServer:
     """A running server. `port` is the bound port (useful with port 0)."""
@@ -53,9 +72,7 @@ class BotsServer:
         interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(self.metrics.rpc)]
         if settings.auth_tokens:
             interceptors.append(AuthInterceptor(settings.auth_tokens))
-        # No SO_REUSEPORT (grpc's default): a second server on a port in use
-        # must fail, not silently take part of the new connections.
-        self.server = grpc.aio.server(interceptors=interceptors, options=(("grpc.so_reuseport", 0),))
+        self.server = grpc.aio.server(interceptors=interceptors, options=_NO_REUSEPORT)
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
         handlers.register(self.server, TaskSelectorServicer(self.selector))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -63,12 +80,15 @@ class BotsServer:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
-        try:
-            self.port = self.server.add_insecure_port(settings.listen)
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise SystemExit(f"bots-server: cannot listen on {settings.listen}: the address is in use or not valid here")
+        self.port = _listen(self.server, settings.listen, tls.server_credentials(settings))
+        # Probes (the kubelet's gRPC probe speaks no TLS) reach the health
+        # service on a plaintext port of its own, which serves nothing else.
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
+        if settings.health_listen:
+            self.health_server = grpc.aio.server(options=_NO_REUSEPORT)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            self.health_port = _listen(self.health_server, settings.health_listen, None)
         self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -77,6 +97,8 @@ class BotsServer:
             await asyncio.to_thread(self.store.migrate)
         self._start_metrics()
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         database = self.selector.runtime.database
         database.on_change(self._database_changed)
@@ -91,6 +113,9 @@ class BotsServer:
             extra={
                 "listen": self.settings.listen,
                 "port": self.port,
+                "tls": bool(self.settings.tls_cert),
+                "mutual_tls": bool(self.settings.tls_client_ca),
+                "health_port": self.health_port,
                 "metrics_listen": self.settings.metrics_listen,
                 "metrics_port": self.metrics_port,
                 "auth": bool(self.settings.auth_tokens),
@@ -123,6 +148,8 @@ class BotsServer:
         log.info("shutting down", extra={"grace_seconds": self.settings.grace_seconds})
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.grace_seconds)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
