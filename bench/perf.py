@@ -611,7 +611,6 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     """Time the store's reads of the leased tasks and of one batch (Store.load
     with a Lookup, as a select and a report make them) with 0..K reported
     batches of B tasks in the tables."""
-    from bots_client.types import ExperimentConfig
     from bots_server.store import BatchRow, Lookup, open_store
     from bots_server.store import schema as t
 
@@ -625,7 +624,7 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
         if backend == "sqlite"
         else now + dt.timedelta(hours=1)
     )
-    row = store.create_experiment("history", ExperimentConfig(), now)
+    row = store.create_experiment("history", server_config().to_dict(), now)
     store.add_tasks(row.id, 0, [f"k{i}" for i in range(1000)], [{} for _ in range(1000)])
     b = cfg.batch_size
     out: dict[str, Any] = {"backend": backend, "batch": b, "points": []}
@@ -744,14 +743,13 @@ def insert_probe(backend: str, url: str, cfg: PerfConfig, repeats: int = 30) -> 
     INSERT, the store's bulk path (COPY on PostgreSQL, sqlite3 executemany),
     one INSERT ... SELECT unnest(arrays) (PostgreSQL); beside a transaction
     that only updates the experiment row (the fixed cost)."""
-    from bots_client.types import ExperimentConfig
     from bots_server.store import open_store
     from bots_server.store import schema as t
 
     store = open_store(url)
     store.migrate()
     now = dt.datetime.now(dt.UTC)
-    row = store.create_experiment("inserts", ExperimentConfig(), now)
+    row = store.create_experiment("inserts", server_config().to_dict(), now)
     b = cfg.batch_size
     step = 0
     timings: dict[str, list[float]] = collections.defaultdict(list)
