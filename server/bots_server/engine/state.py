@@ -33,17 +33,23 @@ class PosteriorState:
     @classmethod
     def from_prior(cls, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
         n = weak.shape[0]
-        return cls(np.full(n, params.prior_alpha), np.full(n, params.prior_beta), weak, strong)
+        # float64 whatever the prior's Python type: an integer prior would make
+        # integer arrays, and an in-place update (MoPPS) would truncate into them.
+        return cls(_full(n, params.prior_alpha), _full(n, params.prior_beta), weak, strong)
 
     def extended(self, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
         """This state with new tasks appended at the prior."""
         return PosteriorState(
-            np.concatenate([self.alpha, np.full(weak.shape[0], params.prior_alpha)]),
-            np.concatenate([self.beta, np.full(weak.shape[0], params.prior_beta)]),
+            np.concatenate([self.alpha, _full(weak.shape[0], params.prior_alpha)]),
+            np.concatenate([self.beta, _full(weak.shape[0], params.prior_beta)]),
             np.concatenate([self.weak, weak]),
             np.concatenate([self.strong, strong]),
             self.capability,
         )
+
+
+def _full(n: int, value: float) -> np.ndarray:
+    return np.full(n, value, dtype=np.float64)
 
 
 @dataclass(frozen=True)
