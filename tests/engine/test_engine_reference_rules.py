@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bots_server.engine import EngineParams, PosteriorState, apply_outcomes
+from bots_server.engine import EngineParams, PosteriorState, apply_outcomes, select
 
 
 def arr(*xs: float) -> np.ndarray:
@@ -42,3 +42,90 @@ def test_integer_prior_gives_float_arrays_and_no_truncation(strategy: str) -> No
         assert new.alpha.tolist() == [8.0, 2.0]
         assert new.beta.tolist() == [12.0, 2.0]
 
+
+# --------------------------------------------------------------------------
+# softmax_mean: softmax over the posterior means, no Beta draw
+# --------------------------------------------------------------------------
+
+
+def _first_pick_frequency(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, draws: int) -> np.ndarray:
+    counts = np.zeros(alpha.shape[0])
+    available = np.ones(alpha.shape[0], dtype=bool)
+    for i in range(draws):
+        counts[select(params, alpha, beta, available, 1, np.random.default_rng(i))[0]] += 1
+    return counts / draws
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_softmax_mean_first_pick_follows_softmax_of_mean_closeness(scale: float) -> None:
+    # means 0.5, 0.3, 0.9; p* = 0.5, tau = 0.1: s = 0, -0.2, -0.4; s / tau = 0, -2, -4.
+    # P = e^0, e^-2, e^-4 over their sum 1.15365: 0.86681, 0.11731, 0.01588.
+    # Means only: ten times the evidence (scale 10) gives the same probabilities.
+    params = EngineParams(selection_mode="softmax_mean", temperature=0.1)
+    alpha = scale * arr(5, 3, 9)
+    beta = scale * arr(5, 7, 1)
+    freq = _first_pick_frequency(params, alpha, beta, 20_000)
+    expected = arr(0.86681, 0.11731, 0.01588)
+    sd = np.sqrt(expected * (1 - expected) / 20_000)
+    assert np.all(np.abs(freq - expected) < 4.5 * sd), (freq, expected)
+
+
+def test_softmax_mean_pair_follows_successive_sampling() -> None:
+    # Two tasks out of three with the probabilities above: P(batch = {0, 1})
+    # = P(0 then 1) + P(1 then 0) = 0.86681 * 0.11731 / (1 - 0.86681)
+    #                               + 0.11731 * 0.86681 / (1 - 0.11731) = 0.76349 + 0.11520 = 0.87869.
+    params = EngineParams(selection_mode="softmax_mean", temperature=0.1)
+    alpha, beta = arr(5, 3, 9), arr(5, 7, 1)
+    available = np.ones(3, dtype=bool)
+    draws = 10_000
+    hits = sum(
+        set(select(params, alpha, beta, available, 2, np.random.default_rng(i)).tolist()) == {0, 1}
+        for i in range(draws)
+    )
+    sd = np.sqrt(0.87869 * (1 - 0.87869) / draws)
+    assert abs(hits / draws - 0.87869) < 4.5 * sd
+
+
+# --------------------------------------------------------------------------
+# MoPPS candidate pre-selection
+# --------------------------------------------------------------------------
+
+
+def test_candidate_set_probability_of_picking_the_best_task() -> None:
+    # Ten tasks, mean selection, task 0 alone at the target. Batch 1, ratio 3:
+    # three random candidates, so task 0 is picked exactly when it is one of
+    # them: P = 3 / 10. Without pre-selection it is always picked.
+    alpha = arr(5, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+    beta = arr(5, 9, 9, 9, 9, 9, 9, 9, 9, 9)
+    available = np.ones(10, dtype=bool)
+    draws = 20_000
+    on = EngineParams(selection_mode="mean", candidate_ratio=3.0)
+    hits = sum(select(on, alpha, beta, available, 1, np.random.default_rng(i))[0] == 0 for i in range(draws))
+    sd = np.sqrt(0.3 * 0.7 / draws)
+    assert abs(hits / draws - 0.3) < 4.5 * sd
+    off = EngineParams(selection_mode="mean")
+    assert all(select(off, alpha, beta, available, 1, np.random.default_rng(i))[0] == 0 for i in range(50))
+
+
+def test_candidate_set_size_and_availability() -> None:
+    # Ratio 2.5, batch 2: ceil(5.0) = 5 candidates among the 6 available of 8
+    # tasks (tasks 6, 7 are leased). Mean selection then takes the 2 closest
+    # to p* among the candidates: never a leased task, and the task left out of
+    # the candidates (exactly one of the six) is never picked. Ratio 0.5 acts
+    # as 1: the candidate set is the batch itself, a uniformly random pair.
+    alpha = arr(5, 4, 6, 3, 7, 2, 5, 5)
+    beta = arr(5, 6, 4, 7, 3, 8, 5, 5)  # means 0.5, 0.4, 0.6, 0.3, 0.7, 0.2, (0.5, 0.5 leased)
+    available = np.array([True] * 6 + [False] * 2)
+    params = EngineParams(selection_mode="mean", candidate_ratio=2.5)
+    seen: set[tuple[int, ...]] = set()
+    for i in range(400):
+        batch = select(params, alpha, beta, available, 2, np.random.default_rng(i)).tolist()
+        assert not {6, 7} & set(batch)
+        seen.add(tuple(sorted(batch)))
+    # Leaving out one of 0, 1, 2 (the best three: 0.5, then 0.4 and 0.6 tied)
+    # changes the pair; leaving out 3, 4 or 5 gives {0} plus one of {1, 2}.
+    assert seen <= {(0, 1), (0, 2), (1, 2)}
+    assert (1, 2) in seen  # task 0 was left out at least once (P = 1/6 per draw)
+    tiny = EngineParams(selection_mode="mean", candidate_ratio=0.5)
+    pairs = {tuple(sorted(select(tiny, alpha, beta, available, 2, np.random.default_rng(i)).tolist())) for i in range(400)}
+    assert len(pairs) == 15  # every pair of the six available tasks: C(6, 2)

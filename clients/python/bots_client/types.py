@@ -54,6 +54,7 @@ class ExperimentConfig:
     seed: int = 0
     lease_ttl_seconds: float = 3600.0
     capability_ema: float = 0.9
+    candidate_ratio: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from bots_server.engine import strategies
@@ -23,8 +25,25 @@ def select(
     n_available = int(np.count_nonzero(available))
     if not 0 < batch_size <= n_available:
         raise ValueError(f"batch_size {batch_size} not in [1, {n_available}]")
+    if params.candidate_ratio > 0:
+        available = _candidates(available, n_available, batch_size, params.candidate_ratio, rng)
     score = strategies.get(params.strategy).score(params, alpha, beta, rng)
     return top_k(np.where(available, score, -np.inf), batch_size, rng)
+
+
+def _candidates(
+    available: np.ndarray, n_available: int, batch_size: int, ratio: float, rng: np.random.Generator
+) -> np.ndarray:
+    """MoPPS's pre-selection: a uniformly random candidate set of
+    ceil(ratio * batch_size) available tasks (at least the batch, at most all
+    of them), among which the strategy's score then picks. Drawn before the
+    scores, and only when the setting is on, so the default draws the same
+    numbers as before the setting existed."""
+    size = min(n_available, max(batch_size, math.ceil(ratio * batch_size)))
+    chosen = rng.choice(np.flatnonzero(available), size=size, replace=False)
+    candidates = np.zeros_like(available, dtype=bool)
+    candidates[chosen] = True
+    return candidates
 
 
 def apply_outcomes(
