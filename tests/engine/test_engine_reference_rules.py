@@ -129,3 +129,37 @@ def test_candidate_set_size_and_availability() -> None:
     tiny = EngineParams(selection_mode="mean", candidate_ratio=0.5)
     pairs = {tuple(sorted(select(tiny, alpha, beta, available, 2, np.random.default_rng(i)).tolist())) for i in range(400)}
     assert len(pairs) == 15  # every pair of the six available tasks: C(6, 2)
+
+
+# --------------------------------------------------------------------------
+# MoPPS warm start from prior evaluations
+# --------------------------------------------------------------------------
+
+
+def test_warm_start_pseudo_rollouts_at_the_reference_rate() -> None:
+    # Scale 10, position 0.5, prior (1, 2):
+    #   task 0: w 0.2, s 0.6 -> p0 0.4 -> alpha 1 + 4 = 5, beta 2 + 6 = 8
+    #   task 1: w 0.0, s 1.0 -> p0 0.5 -> alpha 6, beta 7
+    #   task 2: no features -> the prior (1, 2)
+    # Added later (extended): w 0.9, s 0.9 -> p0 0.9 -> alpha 10, beta 3.
+    params = EngineParams(prior_alpha=1.0, prior_beta=2.0, warm_start_scale=10.0, warm_start_position=0.5)
+    state = PosteriorState.from_prior(params, arr(0.2, 0.0, np.nan), arr(0.6, 1.0, np.nan))
+    assert state.alpha.tolist() == pytest.approx([5.0, 6.0, 1.0], abs=1e-12)
+    assert state.beta.tolist() == pytest.approx([8.0, 7.0, 2.0], abs=1e-12)
+    grown = state.extended(params, arr(0.9), arr(0.9))
+    assert grown.alpha.tolist() == pytest.approx([5.0, 6.0, 1.0, 10.0], abs=1e-12)
+    assert grown.beta.tolist() == pytest.approx([8.0, 7.0, 2.0, 3.0], abs=1e-12)
+
+
+def test_warm_start_position_zero_and_one_read_the_weak_and_strong_rate() -> None:
+    # Scale 4, prior (1, 1), w 0.25, s 0.75: position 0 -> 1 + 1, 1 + 3; position 1 -> 1 + 3, 1 + 1.
+    weak, strong = arr(0.25), arr(0.75)
+    at_weak = PosteriorState.from_prior(EngineParams(warm_start_scale=4.0), weak, strong)
+    at_strong = PosteriorState.from_prior(EngineParams(warm_start_scale=4.0, warm_start_position=1.0), weak, strong)
+    assert (at_weak.alpha.tolist(), at_weak.beta.tolist()) == ([2.0], [4.0])
+    assert (at_strong.alpha.tolist(), at_strong.beta.tolist()) == ([4.0], [2.0])
+
+
+def test_warm_start_off_by_default_is_the_prior() -> None:
+    state = PosteriorState.from_prior(EngineParams(), arr(0.2, 0.9), arr(0.6, 1.0))
+    assert state.alpha.tolist() == [1.0, 1.0] and state.beta.tolist() == [1.0, 1.0]

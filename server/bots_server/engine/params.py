@@ -87,6 +87,20 @@ class EngineParams:
         low=0.0,
         high=1_000_000.0,
     )
+    warm_start_scale: float = setting(
+        0.0,
+        "MoPPS warm start: pseudo-rollouts at the reference models' pass rate that a new task starts with "
+        "(0: off, tasks start at the prior)",
+        low=0.0,
+        high=1_000_000.0,
+    )
+    warm_start_position: float = setting(
+        0.0,
+        "warm start's pass rate: w + (s - w) * position of the weak (w) and strong (s) reference features "
+        "(0: the weak model's rate, 1: the strong one's)",
+        low=0.0,
+        high=1.0,
+    )
 
     @classmethod
     def of(cls, config: Any) -> EngineParams:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,24 +33,41 @@ class PosteriorState:
 
     @classmethod
     def from_prior(cls, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
-        n = weak.shape[0]
-        # float64 whatever the prior's Python type: an integer prior would make
-        # integer arrays, and an in-place update (MoPPS) would truncate into them.
-        return cls(_full(n, params.prior_alpha), _full(n, params.prior_beta), weak, strong)
+        alpha, beta = starting_posterior(params, weak, strong)
+        return cls(alpha, beta, weak, strong)
 
     def extended(self, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
-        """This state with new tasks appended at the prior."""
-        return PosteriorState(
-            np.concatenate([self.alpha, _full(weak.shape[0], params.prior_alpha)]),
-            np.concatenate([self.beta, _full(weak.shape[0], params.prior_beta)]),
-            np.concatenate([self.weak, weak]),
-            np.concatenate([self.strong, strong]),
-            self.capability,
+        """This state with new tasks appended at their starting posterior."""
+        alpha, beta = starting_posterior(params, weak, strong)
+        return dataclasses.replace(
+            self,
+            alpha=np.concatenate([self.alpha, alpha]),
+            beta=np.concatenate([self.beta, beta]),
+            weak=np.concatenate([self.weak, weak]),
+            strong=np.concatenate([self.strong, strong]),
         )
 
 
-def _full(n: int, value: float) -> np.ndarray:
-    return np.full(n, value, dtype=np.float64)
+def starting_posterior(params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(alpha, beta) of new tasks: the prior Beta(a0, b0), plus, with a warm
+    start (MoPPS's prior evaluations), warm_start_scale pseudo-rollouts at the
+    pass rate p0 = w + (s - w) * warm_start_position read off the reference
+    models (position 0: the weak model's rate, 1: the strong one's). Tasks
+    without both features start at the prior.
+
+    Always float64: an integer prior would make integer arrays, and an
+    in-place update (MoPPS) would truncate into them.
+    """
+    n = weak.shape[0]
+    alpha = np.full(n, params.prior_alpha, dtype=np.float64)
+    beta = np.full(n, params.prior_beta, dtype=np.float64)
+    scale = params.warm_start_scale
+    if scale > 0 and n > 0:
+        p0 = np.clip(weak + (strong - weak) * params.warm_start_position, 0.0, 1.0)
+        known = ~np.isnan(p0)
+        alpha[known] += scale * p0[known]
+        beta[known] += scale * (1.0 - p0[known])
+    return alpha, beta
 
 
 @dataclass(frozen=True)
