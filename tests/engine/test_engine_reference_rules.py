@@ -163,3 +163,89 @@ def test_warm_start_position_zero_and_one_read_the_weak_and_strong_rate() -> Non
 def test_warm_start_off_by_default_is_the_prior() -> None:
     state = PosteriorState.from_prior(EngineParams(), arr(0.2, 0.9), arr(0.6, 1.0))
     assert state.alpha.tolist() == [1.0, 1.0] and state.beta.tolist() == [1.0, 1.0]
+
+
+# --------------------------------------------------------------------------
+# Adaptive rho (the reference estimator's halving rule)
+# --------------------------------------------------------------------------
+# Three tasks, w = (0, 0, 0.2), s = (1, 1, 0.6), lambda 0.1, rho 0.1, m 16, prior (1, 1).
+# Step 1 reports tasks 0 and 1 at rates 1 and 0:
+#   c_hat = (0.5 - 0) / (1 - 0 + 1e-6) = 0.5 / 1.000001; first estimate, so c = c_hat.
+#   predictions of the reported tasks: c, c; errors |c - 1|, |c - 0|; mean error 0.5 >= 0.25: halve, rho 0.05.
+#   task 2 (unreported): p = 0.2 + 0.4 c; alpha = 1 + 0.05 * 16 * p, beta = 1 + 0.05 * 16 * (1 - p).
+# Step 2 reports task 2 at 8 of 20 = 0.4:
+#   c_hat2 = (0.4 - 0.2) / (0.6 - 0.2 + 1e-6); c2 = 0.9 c + 0.1 c_hat2;
+#   prediction 0.2 + 0.4 c2 (about 0.4): error far below 0.25, rho stays 0.05 (it does not recover);
+#   task 0 (unreported): p = c2; alpha = 0.9 * 17 + 0.1 + 0.05 * 16 * c2, beta = 0.9 * 1 + 0.1 + 0.8 * (1 - c2).
+
+WEAK3 = arr(0.0, 0.0, 0.2)
+STRONG3 = arr(1.0, 1.0, 0.6)
+C1 = 0.5 / 1.000001
+C2 = 0.9 * C1 + 0.1 * (0.2 / 0.400001)
+
+
+def _two_steps(params: EngineParams) -> tuple[PosteriorState, PosteriorState]:
+    state = PosteriorState.from_prior(params, WEAK3, STRONG3)
+    first = apply_outcomes(params, state, ints(0, 1), arr(16, 0), arr(16, 16)).state
+    second = apply_outcomes(params, first, ints(2), arr(8), arr(20)).state
+    return first, second
+
+
+def test_adaptive_rho_halves_when_the_batch_error_reaches_the_threshold() -> None:
+    first, second = _two_steps(EngineParams(adaptive_rho_error=0.25))
+    p = 0.2 + 0.4 * C1
+    assert first.rho_halvings == 1
+    assert first.alpha.tolist() == pytest.approx([17.0, 1.0, 1 + 0.8 * p], rel=1e-12)
+    assert first.beta.tolist() == pytest.approx([1.0, 17.0, 1 + 0.8 * (1 - p)], rel=1e-12)
+    assert second.rho_halvings == 1
+    assert second.capability == pytest.approx(C2, rel=1e-12)
+    assert second.alpha[0] == pytest.approx(0.9 * 17 + 0.1 + 0.8 * C2, rel=1e-12)
+    assert second.beta[0] == pytest.approx(0.9 * 1 + 0.1 + 0.8 * (1 - C2), rel=1e-12)
+
+
+def test_adaptive_rho_below_the_threshold_and_off_keep_rho() -> None:
+    # Threshold 0.6 > 0.5, and the default (off): rho stays 0.1, so task 2 after
+    # step 1 is 1 + 1.6 p, 1 + 1.6 (1 - p): the paper's BOTS.
+    p = 0.2 + 0.4 * C1
+    for params in (EngineParams(adaptive_rho_error=0.6), EngineParams()):
+        first, second = _two_steps(params)
+        assert (first.rho_halvings, second.rho_halvings) == (0, 0)
+        assert first.alpha[2] == pytest.approx(1 + 1.6 * p, rel=1e-12)
+        assert first.beta[2] == pytest.approx(1 + 1.6 * (1 - p), rel=1e-12)
+
+
+def test_adaptive_rho_halves_again_on_every_bad_batch_and_replays() -> None:
+    # The step-1 report three times: each batch misses by 0.5 in mean, so rho
+    # halves each time: 0.05, 0.025, 0.0125 (three halvings). A replay of the
+    # same events from the prior reproduces the state bit for bit.
+    params = EngineParams(adaptive_rho_error=0.25)
+
+    def run() -> PosteriorState:
+        state = PosteriorState.from_prior(params, WEAK3, STRONG3)
+        for _ in range(3):
+            state = apply_outcomes(params, state, ints(0, 1), arr(16, 0), arr(16, 16)).state
+        return state
+
+    state = run()
+    assert state.rho_halvings == 3
+    again = run()
+    assert again.alpha.tobytes() == state.alpha.tobytes() and again.beta.tobytes() == state.beta.tobytes()
+
+
+def test_adaptive_rho_state_survives_a_partial_pool_update() -> None:
+    # pool_size: a replayed step from before a fourth task was added.
+    params = EngineParams(adaptive_rho_error=0.25)
+    state = PosteriorState.from_prior(params, arr(0.0, 0.0, 0.2, 0.5), arr(1.0, 1.0, 0.6, 0.5))
+    new = apply_outcomes(params, state, ints(0, 1), arr(16, 0), arr(16, 16), pool_size=3).state
+    assert new.rho_halvings == 1
+    assert (new.alpha[3], new.beta[3]) == (1.0, 1.0)
+
+
+def test_adaptive_rho_is_engine_only_until_checkpoints_carry_it() -> None:
+    # The API's declaration accepts 0 only (see params.py): a rebuild from a
+    # checkpoint would otherwise forget the halvings.
+    from bots_server.engine import settings
+
+    declared = {name: s for name, s, _ in settings(EngineParams)}["adaptive_rho_error"]
+    assert declared.problem(0.0) is None
+    assert declared.problem(0.25) is not None

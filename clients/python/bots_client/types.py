@@ -57,6 +57,7 @@ class ExperimentConfig:
     candidate_ratio: float = 0.0
     warm_start_scale: float = 0.0
     warm_start_position: float = 0.0
+    adaptive_rho_error: float = 0.0
 
 
 @dataclass(frozen=True)

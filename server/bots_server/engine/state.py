@@ -17,6 +17,7 @@ class PosteriorState:
 
     `weak` and `strong` are the reference pass rates, NaN where a task has no
     such feature. `capability` is NaN until the plug-in's first estimate.
+    `rho_halvings` stays 0 unless adaptive rho is on.
     Arrays are never modified in place: an update returns new arrays, so a
     state can be shared with readers while the next one is computed.
     """
@@ -26,6 +27,11 @@ class PosteriorState:
     weak: np.ndarray
     strong: np.ndarray
     capability: float = math.nan
+    # Adaptive rho (the reference's rule): how many times rho has been halved,
+    # so the current rho is implicit_weight * 0.5 ** rho_halvings (exact in
+    # binary floating point). Updated inside the update, so a replay of the
+    # events reproduces it; checkpoints do not carry it yet (see params.py).
+    rho_halvings: int = 0
 
     @property
     def num_tasks(self) -> int:

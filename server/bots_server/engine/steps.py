@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -64,16 +65,18 @@ def apply_outcomes(
     n = state.num_tasks if pool_size is None else pool_size
     if n >= state.num_tasks:
         return update(params, state, tasks, successes, trials)
-    head = PosteriorState(state.alpha[:n], state.beta[:n], state.weak[:n], state.strong[:n], state.capability)
+    head = dataclasses.replace(
+        state, alpha=state.alpha[:n], beta=state.beta[:n], weak=state.weak[:n], strong=state.strong[:n]
+    )
     result = update(params, head, tasks, successes, trials)
     new = result.state
     return UpdateResult(
-        PosteriorState(
-            np.concatenate([new.alpha, state.alpha[n:]]),
-            np.concatenate([new.beta, state.beta[n:]]),
-            state.weak,
-            state.strong,
-            new.capability,
+        dataclasses.replace(
+            new,
+            alpha=np.concatenate([new.alpha, state.alpha[n:]]),
+            beta=np.concatenate([new.beta, state.beta[n:]]),
+            weak=state.weak,
+            strong=state.strong,
         ),
         result.capability_estimate,
     )
