@@ -54,6 +54,10 @@ class ExperimentConfig:
     seed: int = 0
     lease_ttl_seconds: float = 3600.0
     capability_ema: float = 0.9
+    candidate_ratio: float = 0.0
+    warm_start_scale: float = 0.0
+    warm_start_position: float = 0.0
+    adaptive_rho_error: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def _strategy_names() -> tuple[str, ...]:
     return strategies.names()
 
 
-SELECTION_MODES = ("thompson", "mean", "softmax")
+SELECTION_MODES = ("thompson", "mean", "softmax", "softmax_mean")
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,48 @@ class EngineParams:
     implicit_weight: float = setting(0.1, "rho: weight of the plug-in's prediction", low=0.0, high=1.0)
     rollouts_per_task: int = setting(16, "m: evidence scale of a reported rate", low=1, high=1_000_000)
     selection_mode: str = setting(
-        "thompson", "thompson (Beta draw), mean (posterior mean) or softmax", choices=lambda: SELECTION_MODES
+        "thompson",
+        "thompson (Beta draw), mean (posterior mean), softmax (Beta draw, sampled with temperature) "
+        "or softmax_mean (posterior mean, sampled with temperature)",
+        choices=lambda: SELECTION_MODES
     )
-    temperature: float = setting(1.0, "tau of softmax selection", low=0.0, low_open=True)
+    temperature: float = setting(1.0, "tau of the softmax modes", low=0.0, low_open=True)
     prior_alpha: float = setting(1.0, "a0 of the prior Beta(a0, b0)", low=0.0, low_open=True)
     prior_beta: float = setting(1.0, "b0 of the prior Beta(a0, b0)", low=0.0, low_open=True)
     capability_ema: float = setting(0.9, "smoothing of the plug-in's capability estimate", low=0.0, high=1.0)
+    candidate_ratio: float = setting(
+        0.0,
+        "MoPPS pre-selection: score only a random candidate set of ceil(ratio * batch) available tasks "
+        "(0: off, every available task is a candidate; below 1 acts as 1, a random batch)",
+        low=0.0,
+        high=1_000_000.0,
+    )
+    warm_start_scale: float = setting(
+        0.0,
+        "MoPPS warm start: pseudo-rollouts at the reference models' pass rate that a new task starts with "
+        "(0: off, tasks start at the prior)",
+        low=0.0,
+        high=1_000_000.0,
+    )
+    warm_start_position: float = setting(
+        0.0,
+        "warm start's pass rate: w + (s - w) * position of the weak (w) and strong (s) reference features "
+        "(0: the weak model's rate, 1: the strong one's)",
+        low=0.0,
+        high=1.0,
+    )
+    # Adaptive rho's current value lives in PosteriorState.rho_halvings and is
+    # reproduced by replaying events, but checkpoints (the store's schema,
+    # owned by the core) do not carry it: a server rebuilt from a checkpoint
+    # would restart from the full rho. Until they do, the API accepts only 0
+    # (high=0); the engine in-process takes any value in [0, 1].
+    adaptive_rho_error: float = setting(
+        0.0,
+        "adaptive rho: halve rho whenever a batch's mean |predicted - observed| pass rate reaches this "
+        "(the reference uses 0.25; 0: off). The API accepts only 0 until checkpoints carry the current rho",
+        low=0.0,
+        high=0.0,
+    )
 
     @classmethod
     def of(cls, config: Any) -> EngineParams:

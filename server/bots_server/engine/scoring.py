@@ -7,16 +7,24 @@ import numpy as np
 from bots_server.engine.params import EngineParams
 
 
+# Modes that score the posterior mean rather than a Beta draw, and modes that
+# sample the batch from softmax(score / tau) rather than taking the top-k.
+_MEAN_MODES = ("mean", "softmax_mean")
+_SOFTMAX_MODES = ("softmax", "softmax_mean")
+
+
 def closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """s_i = -|p* - p_i| with p_i a Beta draw (thompson, softmax) or the
-    posterior mean (mean); softmax adds Gumbel noise to s / tau, so that the
-    top-k is exactly sequential sampling without replacement from softmax(s / tau)."""
-    if params.selection_mode == "mean":
+    posterior mean (mean, softmax_mean); the softmax modes add Gumbel noise to
+    s / tau, so that the top-k is exactly sequential sampling without
+    replacement from softmax(s / tau). softmax_mean is the reference selector's
+    code default (do_sample off, tau > 0): no Beta draw at all."""
+    if params.selection_mode in _MEAN_MODES:
         p = alpha / (alpha + beta)
     else:
         p = rng.beta(alpha, beta)
     score = -np.abs(params.target_success - p)
-    if params.selection_mode == "softmax":
+    if params.selection_mode in _SOFTMAX_MODES:
         score = score / params.temperature + rng.gumbel(size=score.shape[0])
     return score
 

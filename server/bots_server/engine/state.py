@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ class PosteriorState:
 
     `weak` and `strong` are the reference pass rates, NaN where a task has no
     such feature. `capability` is NaN until the plug-in's first estimate.
+    `rho_halvings` stays 0 unless adaptive rho is on.
     Arrays are never modified in place: an update returns new arrays, so a
     state can be shared with readers while the next one is computed.
     """
@@ -25,6 +27,11 @@ class PosteriorState:
     weak: np.ndarray
     strong: np.ndarray
     capability: float = math.nan
+    # Adaptive rho (the reference's rule): how many times rho has been halved,
+    # so the current rho is implicit_weight * 0.5 ** rho_halvings (exact in
+    # binary floating point). Updated inside the update, so a replay of the
+    # events reproduces it; checkpoints do not carry it yet (see params.py).
+    rho_halvings: int = 0
 
     @property
     def num_tasks(self) -> int:
@@ -32,18 +39,41 @@ class PosteriorState:
 
     @classmethod
     def from_prior(cls, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
-        n = weak.shape[0]
-        return cls(np.full(n, params.prior_alpha), np.full(n, params.prior_beta), weak, strong)
+        alpha, beta = starting_posterior(params, weak, strong)
+        return cls(alpha, beta, weak, strong)
 
     def extended(self, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
-        """This state with new tasks appended at the prior."""
-        return PosteriorState(
-            np.concatenate([self.alpha, np.full(weak.shape[0], params.prior_alpha)]),
-            np.concatenate([self.beta, np.full(weak.shape[0], params.prior_beta)]),
-            np.concatenate([self.weak, weak]),
-            np.concatenate([self.strong, strong]),
-            self.capability,
+        """This state with new tasks appended at their starting posterior."""
+        alpha, beta = starting_posterior(params, weak, strong)
+        return dataclasses.replace(
+            self,
+            alpha=np.concatenate([self.alpha, alpha]),
+            beta=np.concatenate([self.beta, beta]),
+            weak=np.concatenate([self.weak, weak]),
+            strong=np.concatenate([self.strong, strong]),
         )
+
+
+def starting_posterior(params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(alpha, beta) of new tasks: the prior Beta(a0, b0), plus, with a warm
+    start (MoPPS's prior evaluations), warm_start_scale pseudo-rollouts at the
+    pass rate p0 = w + (s - w) * warm_start_position read off the reference
+    models (position 0: the weak model's rate, 1: the strong one's). Tasks
+    without both features start at the prior.
+
+    Always float64: an integer prior would make integer arrays, and an
+    in-place update (MoPPS) would truncate into them.
+    """
+    n = weak.shape[0]
+    alpha = np.full(n, params.prior_alpha, dtype=np.float64)
+    beta = np.full(n, params.prior_beta, dtype=np.float64)
+    scale = params.warm_start_scale
+    if scale > 0 and n > 0:
+        p0 = np.clip(weak + (strong - weak) * params.warm_start_position, 0.0, 1.0)
+        known = ~np.isnan(p0)
+        alpha[known] += scale * p0[known]
+        beta[known] += scale * (1.0 - p0[known])
+    return alpha, beta
 
 
 @dataclass(frozen=True)

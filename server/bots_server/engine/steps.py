@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 
 from bots_server.engine import strategies
@@ -23,8 +26,25 @@ def select(
     n_available = int(np.count_nonzero(available))
     if not 0 < batch_size <= n_available:
         raise ValueError(f"batch_size {batch_size} not in [1, {n_available}]")
+    if params.candidate_ratio > 0:
+        available = _candidates(available, n_available, batch_size, params.candidate_ratio, rng)
     score = strategies.get(params.strategy).score(params, alpha, beta, rng)
     return top_k(np.where(available, score, -np.inf), batch_size, rng)
+
+
+def _candidates(
+    available: np.ndarray, n_available: int, batch_size: int, ratio: float, rng: np.random.Generator
+) -> np.ndarray:
+    """MoPPS's pre-selection: a uniformly random candidate set of
+    ceil(ratio * batch_size) available tasks (at least the batch, at most all
+    of them), among which the strategy's score then picks. Drawn before the
+    scores, and only when the setting is on, so the default draws the same
+    numbers as before the setting existed."""
+    size = min(n_available, max(batch_size, math.ceil(ratio * batch_size)))
+    chosen = rng.choice(np.flatnonzero(available), size=size, replace=False)
+    candidates = np.zeros_like(available, dtype=bool)
+    candidates[chosen] = True
+    return candidates
 
 
 def apply_outcomes(
@@ -45,16 +65,18 @@ def apply_outcomes(
     n = state.num_tasks if pool_size is None else pool_size
     if n >= state.num_tasks:
         return update(params, state, tasks, successes, trials)
-    head = PosteriorState(state.alpha[:n], state.beta[:n], state.weak[:n], state.strong[:n], state.capability)
+    head = dataclasses.replace(
+        state, alpha=state.alpha[:n], beta=state.beta[:n], weak=state.weak[:n], strong=state.strong[:n]
+    )
     result = update(params, head, tasks, successes, trials)
     new = result.state
     return UpdateResult(
-        PosteriorState(
-            np.concatenate([new.alpha, state.alpha[n:]]),
-            np.concatenate([new.beta, state.beta[n:]]),
-            state.weak,
-            state.strong,
-            new.capability,
+        dataclasses.replace(
+            new,
+            alpha=np.concatenate([new.alpha, state.alpha[n:]]),
+            beta=np.concatenate([new.beta, state.beta[n:]]),
+            weak=state.weak,
+            strong=state.strong,
         ),
         result.capability_estimate,
     )

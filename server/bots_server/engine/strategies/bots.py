@@ -16,8 +16,16 @@ from bots_server.engine.strategies.base import Strategy
 # Denominator guard of the interpolation plug-in, as in the reference code.
 _EPS = 1e-6
 
-SELECTION_SETTINGS = ("target_success", "selection_mode", "temperature")
-UPDATE_SETTINGS = ("forgetting", "implicit_weight", "rollouts_per_task", "prior_alpha", "prior_beta", "capability_ema")
+SELECTION_SETTINGS = ("target_success", "selection_mode", "temperature", "candidate_ratio")
+UPDATE_SETTINGS = (
+    "forgetting",
+    "implicit_weight",
+    "rollouts_per_task",
+    "prior_alpha",
+    "prior_beta",
+    "capability_ema",
+    "adaptive_rho_error",
+)
 
 
 def update(
@@ -33,6 +41,9 @@ def update(
     explicit_f[tasks] = (1 - rate) * m
 
     capability, c_hat = _capability(params, state, tasks, rate)
+    halvings = state.rho_halvings
+    if halvings:
+        rho = rho * 0.5**halvings  # only when adaptive rho has halved it: the default path is untouched
     # rho_i: rho where the plug-in predicts task i (it has both features, or it
     # was reported, in which case its prediction is its observed rate), else 0.
     if math.isnan(capability) or rho == 0:
@@ -40,6 +51,11 @@ def update(
         predicted = np.zeros(n)
     else:
         predicted = np.clip(state.weak + (state.strong - state.weak) * capability, 0.0, 1.0)
+        if params.adaptive_rho_error > 0 and _prediction_error(predicted[tasks], rate) >= params.adaptive_rho_error:
+            # The reference's rule: the plug-in missed this batch by too much,
+            # so trust it half as much from this step on.
+            halvings += 1
+            rho = rho * 0.5
         predicted[tasks] = rate
         has_prediction = ~np.isnan(predicted)
         rho_i = np.where(has_prediction, rho, 0.0)
@@ -47,7 +63,16 @@ def update(
 
     alpha = (1 - lam) * state.alpha + lam * params.prior_alpha + (1 - rho_i) * explicit_s + rho_i * m * predicted
     beta = (1 - lam) * state.beta + lam * params.prior_beta + (1 - rho_i) * explicit_f + rho_i * m * (1 - predicted)
-    return UpdateResult(PosteriorState(alpha, beta, state.weak, state.strong, capability), c_hat)
+    return UpdateResult(PosteriorState(alpha, beta, state.weak, state.strong, capability, halvings), c_hat)
+
+
+def _prediction_error(predicted: np.ndarray, rate: np.ndarray) -> float:
+    """Mean |prediction - observed rate| over the reported tasks the plug-in
+    predicts (both features); -inf when there are none (no evidence, no halving)."""
+    known = ~np.isnan(predicted)
+    if not known.any():
+        return -math.inf
+    return float(np.mean(np.abs(predicted[known] - rate[known])))
 
 
 def _capability(
