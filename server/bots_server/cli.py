@@ -24,6 +24,17 @@ from bots_server import logs, settings
 from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store
 
 DEFAULT_SERVER = "127.0.0.1:50051"
+# The ops commands are run by a person at a terminal: a server that is down
+# should be reported in seconds, not after the trainer's 60 s retry budget
+# (which exists to ride through a server restart mid-training).
+DEFAULT_RETRY_SECONDS = 5.0
+# Deadline of one list/show call; export streams a whole pool and keeps the
+# client's bulk deadline.
+DEFAULT_CALL_SECONDS = 10.0
+
+
+def _client(args: argparse.Namespace) -> bots_client.Client:
+    return bots_client.Client(args.server, timeout=DEFAULT_CALL_SECONDS, retry_timeout=args.retry_seconds)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -79,7 +90,7 @@ def _experiment_dict(e: bots_client.Experiment) -> dict[str, object]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    with bots_client.Client(args.server) as client:
+    with _client(args) as client:
         experiments = client.list_experiments()
     print(f"{'NAME':<32} {'STRATEGY':<8} {'STEP':>8} {'TASKS':>10} {'OPEN':>5} CAPABILITY")
     for e in experiments:
@@ -89,13 +100,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with bots_client.Client(args.server) as client:
+    with _client(args) as client:
         print(json.dumps(_experiment_dict(client.get_experiment(args.name)), indent=2))
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    with bots_client.Client(args.server) as client:
+    with _client(args) as client:
         snap = client.snapshot(args.name)
     out: IO[str] = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
     try:
@@ -143,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(run=_migrate)
 
     server_default = os.environ.get("BOTS_SERVER", DEFAULT_SERVER)
+    retry_default = float(os.environ.get("BOTS_RETRY_SECONDS", str(DEFAULT_RETRY_SECONDS)))
     experiments = commands.add_parser("experiments", help="list or show experiments of a running server")
     sub = experiments.add_subparsers(dest="action", required=True)
     listing = sub.add_parser("list")
@@ -150,22 +162,42 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show")
     show.add_argument("name")
     show.set_defaults(run=_show)
-    for p in (listing, show):
-        p.add_argument("--server", default=server_default, help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})")
-
     export = commands.add_parser("export", help="export an experiment's posterior to CSV or JSON lines")
     export.add_argument("name")
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     export.add_argument("--output", default="-", help="file to write (default: standard output)")
-    export.add_argument("--server", default=server_default, help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})")
     export.set_defaults(run=_export)
+    for p in (listing, show, export):
+        p.add_argument("--server", default=server_default, help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})")
+        p.add_argument(
+            "--retry-seconds", type=float, default=retry_default,
+            help=f"retry an unreachable server this long (env BOTS_RETRY_SECONDS; default {DEFAULT_RETRY_SECONDS:g})",
+        )  # fmt: skip
     return parser
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
+    except bots_client.UnavailableError as e:
+        # One line a person can act on; the gRPC detail (connection refused,
+        # DNS failure, database down) stays at the end for the curious.
+        server = getattr(args, "server", "?")
+        print(
+            f"error: server {server} unavailable after {args.retry_seconds:g} s of retries "
+            f"(is it running? set --server or BOTS_SERVER): {_one_line(e.message)}",
+            file=sys.stderr,
+        )
+        return 2
+    except bots_client.DeadlineExceededError as e:
+        # A host that drops packets instead of refusing the connection.
+        print(f"error: server {args.server} did not answer in time: {_one_line(e.message)}", file=sys.stderr)
+        return 2
     except bots_client.BotsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

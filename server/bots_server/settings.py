@@ -24,10 +24,13 @@ SETTINGS = (
         "--db", "BOTS_DB", "sqlite:///bots.db", "database URL: sqlite:///FILE or postgresql+psycopg://USER@HOST/DB"
     ),
     Setting("--listen", "BOTS_LISTEN", "127.0.0.1:50051", "gRPC address to listen on"),
+    # 9464, not Prometheus's own 9090: a Prometheus on the same host (or a
+    # sidecar in the pod) must not take our port or we its. 9464 is the
+    # OpenTelemetry Prometheus exporter's port, which this server never runs.
     Setting(
         "--metrics-listen",
         "BOTS_METRICS_LISTEN",
-        "127.0.0.1:9090",
+        "127.0.0.1:9464",
         "HOST:PORT of the Prometheus /metrics HTTP endpoint; empty: no endpoint",
     ),
     Setting("--checkpoint-every-steps", "BOTS_CHECKPOINT_EVERY_STEPS", "100", "write a checkpoint every N steps"),
@@ -67,7 +70,7 @@ ENV_ONLY = (
 class ServerSettings:
     db: str = "sqlite:///bots.db"
     listen: str = "127.0.0.1:50051"
-    metrics_listen: str = "127.0.0.1:9090"
+    metrics_listen: str = "127.0.0.1:9464"
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 60.0
     grace_seconds: float = 20.0
