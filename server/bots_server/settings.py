@@ -33,6 +33,13 @@ SETTINGS = (
         "127.0.0.1:9464",
         "HOST:PORT of the Prometheus /metrics HTTP endpoint; empty: no endpoint",
     ),
+    Setting(
+        "--metrics-max-experiments",
+        "BOTS_METRICS_MAX_EXPERIMENTS",
+        "1000",
+        "at start, publish step and pool-size gauges of up to this many experiments of the store (by name) "
+        "before any is loaded; 0: only experiments this replica touches",
+    ),
     Setting("--checkpoint-every-steps", "BOTS_CHECKPOINT_EVERY_STEPS", "100", "write a checkpoint every N steps"),
     Setting("--checkpoint-every-seconds", "BOTS_CHECKPOINT_EVERY_SECONDS", "60", "and at least every T seconds"),
     Setting("--grace-seconds", "BOTS_GRACE_SECONDS", "20", "on SIGTERM, how long in-flight calls may finish"),
@@ -71,6 +78,7 @@ class ServerSettings:
     db: str = "sqlite:///bots.db"
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9464"
+    metrics_max_experiments: int = 1000
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 60.0
     grace_seconds: float = 20.0
@@ -124,6 +132,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             db=args.db,
             listen=args.listen,
             metrics_listen=metrics_listen,
+            metrics_max_experiments=int(args.metrics_max_experiments),
             checkpoint_every_steps=int(args.checkpoint_every_steps),
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
             grace_seconds=float(args.grace_seconds),
