@@ -3,7 +3,7 @@
 #
 #   docker build -t bots-server:0.1.0 .
 #   docker run --rm -v bots-data:/data bots-server:0.1.0 migrate      # create / upgrade the schema
-#   docker run -d -p 50051:50051 -p 9090:9090 -v bots-data:/data bots-server:0.1.0
+#   docker run -d -p 50051:50051 -p 9464:9464 -v bots-data:/data bots-server:0.1.0
 #
 # Schema migrations are a separate command on purpose: several replicas must
 # not each upgrade the schema while serving (Kubernetes runs `migrate` in an
@@ -44,13 +44,13 @@ ENV PATH=/opt/bots/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     BOTS_LISTEN=0.0.0.0:50051 \
-    BOTS_METRICS_LISTEN=0.0.0.0:9090 \
+    BOTS_METRICS_LISTEN=0.0.0.0:9464 \
     BOTS_DB=sqlite:////data/bots.db \
     BOTS_LOG_FORMAT=json \
     BOTS_MIGRATE=false
 WORKDIR /data
 USER 10001:10001
-EXPOSE 50051 9090
+EXPOSE 50051 9464
 # For plain Docker and Compose; Kubernetes uses its native gRPC probes.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; port = os.environ['BOTS_LISTEN'].rpartition(':')[2]; stub = g.HealthStub(grpc.insecure_channel(f'127.0.0.1:{port}')); sys.exit(stub.Check(h.HealthCheckRequest(service='bots.v1.TaskSelector'), timeout=4).status != h.HealthCheckResponse.SERVING)"]

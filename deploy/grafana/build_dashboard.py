@@ -194,15 +194,25 @@ def panels() -> list[dict[str, Any]]:
         description="Successes per rollout in the selected batches; BOTS steers it toward the target rate (0.5 by default).",
     )
     p.panel(
-        "Posterior spread",
-        [(f"max by (experiment, band) (bots_posterior_share{{{EXP}}})", "{{experiment}} {{band}}")],
+        "Pool relative to the target",
+        [(f"max by (experiment, band) (bots_posterior_target_share{{{EXP}}})", "{{experiment}} {{band}}")],
         unit="percentunit",
         stack=False,
         minimum=0,
         maximum=1,
-        description="Share of the pool whose posterior mean is below 0.1 (low: never solved), above 0.9 (high: always "
-        "solved) or in between (mid). A growing high band is the model learning; a shrinking mid band means fewer "
-        "useful tasks are left.",
+        description="Share of the pool by where each task's posterior puts most of its mass: near the target "
+        "success rate (within 0.2), below it (too hard), above it (too easy), or uncertain (too little recent "
+        "evidence). Healthy: near holds a steady share the batches can be drawn from, above grows as the model "
+        "learns. Unhealthy: near shrinks toward the batch size, or uncertain dominates (forgetting outpaces "
+        "the evidence).",
+    )
+    p.panel(
+        "Posterior mean quantiles",
+        [(f"max by (experiment, percentile) (bots_posterior_mean_quantile{{{EXP}}})", "{{experiment}} p{{percentile}}")],
+        minimum=0,
+        maximum=1,
+        description="10th, 50th and 90th percentile of the tasks' posterior means. The median rising over the "
+        "run is the model learning; p10 and p90 collapsing together means the posterior no longer tells tasks apart.",
     )
     p.panel(
         "Capability estimate",
@@ -224,9 +234,9 @@ def panels() -> list[dict[str, Any]]:
     )
     p.panel(
         "Leased tasks",
-        [(f"max by (experiment) (bots_leased_tasks{{{EXP}}})", "{{experiment}}")],
-        description="Tasks in open batches (selected, not yet reported, lease not expired). Growing without bound: "
-        "a trainer selects and never reports.",
+        [(f"sum by (experiment) (bots_leased_tasks{{{EXP}}})", "{{experiment}}")],
+        description="Tasks in open batches (selected, not yet reported, lease not expired), summed over the "
+        "replicas that handed them out. Growing without bound: a trainer selects and never reports.",
     )
     p.panel(
         "Pool size and step",

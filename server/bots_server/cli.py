@@ -26,6 +26,13 @@ from bots_server import logs, settings
 from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store
 
 DEFAULT_SERVER = "127.0.0.1:50051"
+# The ops commands are run by a person at a terminal: a server that is down
+# should be reported in seconds, not after the trainer's 60 s retry budget
+# (which exists to ride through a server restart mid-training).
+DEFAULT_RETRY_SECONDS = 5.0
+# Deadline of one list/show call; export streams a whole pool and keeps the
+# client's bulk deadline.
+DEFAULT_CALL_SECONDS = 10.0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -80,7 +87,13 @@ def _connect(args: argparse.Namespace) -> bots_client.Client:
     if args.tls or args.tls_ca or args.tls_cert:
         credentials = bots_client.tls_credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
     metadata = bots_client.bearer(args.token) if args.token else ()
-    return bots_client.Client(args.server, credentials=credentials, metadata=metadata)
+    return bots_client.Client(
+        args.server,
+        credentials=credentials,
+        metadata=metadata,
+        timeout=DEFAULT_CALL_SECONDS,
+        retry_timeout=args.retry_seconds,
+    )
 
 
 def _connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +101,11 @@ def _connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server", default=env("BOTS_SERVER", DEFAULT_SERVER), help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})"
     )
+    retry_default = float(env("BOTS_RETRY_SECONDS", str(DEFAULT_RETRY_SECONDS)))
+    parser.add_argument(
+        "--retry-seconds", type=float, default=retry_default,
+        help=f"retry an unreachable server this long (env BOTS_RETRY_SECONDS; default {DEFAULT_RETRY_SECONDS:g})",
+    )  # fmt: skip
     parser.add_argument("--tls", action="store_true", help="TLS with the system's CA roots")
     parser.add_argument("--tls-ca", default=env("BOTS_TLS_CA", ""), help="PEM CA of the server's certificate (env BOTS_TLS_CA)")
     parser.add_argument(
@@ -187,10 +205,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
+    except bots_client.UnavailableError as e:
+        # One line a person can act on; the gRPC detail (connection refused,
+        # DNS failure, database down) stays at the end for the curious.
+        server = getattr(args, "server", "?")
+        print(
+            f"error: server {server} unavailable after {args.retry_seconds:g} s of retries "
+            f"(is it running? set --server or BOTS_SERVER): {_one_line(e.message)}",
+            file=sys.stderr,
+        )
+        return 2
+    except bots_client.DeadlineExceededError as e:
+        # A host that drops packets instead of refusing the connection.
+        print(f"error: server {args.server} did not answer in time: {_one_line(e.message)}", file=sys.stderr)
+        return 2
     except bots_client.BotsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

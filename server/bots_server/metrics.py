@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from bots_server.core.observer import SPREAD_HIGH, SPREAD_LOW, BatchSignals, PosteriorView, SelectorObserver
+from bots_server.core.observer import BatchSignals, PosteriorView, SelectorObserver
+from bots_server.engine.summary import MEAN_QUANTILES, SHARE_BANDS, TARGET_BAND
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +105,19 @@ class _ExperimentView:
     checkpoint_step: int = -1
     # Monotonic time of the first step not yet in a checkpoint; None: current.
     dirty_since: float | None = None
+    # Batches this replica handed out and has not seen reported:
+    # batch id -> (tasks, Unix time the lease ends).
+    open_batches: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
 
 
 class ExperimentMetrics(SelectorObserver, Collector):
     """The SelectorObserver that turns state changes into metrics.
 
     Hooks only store numbers and a reference to the (immutable) posterior
-    arrays; the O(pool) posterior spread is computed at scrape time, so its
-    cost follows the scrape interval, not the step rate.
+    arrays; the O(pool) posterior summary is computed (by the engine) at
+    scrape time, so its cost follows the scrape interval, not the step rate.
+    Leases are kept as the open batches with their end times and summed at
+    scrape time: O(batches in flight), exact at every scrape.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -125,13 +131,6 @@ class ExperimentMetrics(SelectorObserver, Collector):
         )  # fmt: skip
         self.tasks_selected = Counter(
             "bots_tasks_selected_total", "Tasks handed out in new batches.", exp, registry=registry
-        )
-        self.leased_tasks = Gauge(
-            "bots_leased_tasks",
-            "Tasks in open batches (selected, not reported, lease not expired), as of the last selection; "
-            "reports lower it by the tasks they report.",
-            exp,
-            registry=registry,
         )
         self.tasks_reported = Counter(
             "bots_tasks_reported_total", "Task outcomes reported (one per task per report).", exp, registry=registry
@@ -184,7 +183,7 @@ class ExperimentMetrics(SelectorObserver, Collector):
             registry=registry,
         )
         self._labelled = (
-            self.steps, self.step, self.tasks, self.batches_selected, self.tasks_selected, self.leased_tasks,
+            self.steps, self.step, self.tasks, self.batches_selected, self.tasks_selected,
             self.tasks_reported, self.tasks_informative, self.rollouts, self.successes, self.batch_success_rate,
             self.batch_informative, self.capability, self.checkpoint_last_seconds, self.checkpoint_timestamp,
         )  # fmt: skip
@@ -201,14 +200,16 @@ class ExperimentMetrics(SelectorObserver, Collector):
         with self._lock:
             return experiment in self._removed
 
-    def batch_selected(self, experiment: str, batch_size: int, leased_tasks: int) -> None:
+    def batch_selected(self, experiment: str, batch_id: str, batch_size: int, lease_expires: float) -> None:
         if self._gone(experiment):
             return
         self.batches_selected.labels(experiment).inc()
         self.tasks_selected.labels(experiment).inc(batch_size)
-        self.leased_tasks.labels(experiment).set(leased_tasks)
+        with self._lock:
+            view = self._views.setdefault(experiment, _ExperimentView())
+            view.open_batches[batch_id] = (batch_size, lease_expires)
 
-    def report_applied(self, experiment: str, signals: BatchSignals, posterior: PosteriorView) -> None:
+    def report_applied(self, experiment: str, batch_id: str, signals: BatchSignals, posterior: PosteriorView) -> None:
         if self._gone(experiment):
             return
         self.steps.labels(experiment).inc()
@@ -220,10 +221,10 @@ class ExperimentMetrics(SelectorObserver, Collector):
             self.batch_success_rate.labels(experiment).set(signals.success_rate)
         if signals.informative_fraction is not None:
             self.batch_informative.labels(experiment).set(signals.informative_fraction)
-        leased = self.leased_tasks.labels(experiment)
-        leased.set(max(0.0, _value(leased) - signals.tasks))
         with self._lock:
             view = self._views.setdefault(experiment, _ExperimentView())
+            # A report closes its whole batch, partial or not.
+            view.open_batches.pop(batch_id, None)
             # Hooks of consecutive steps may run out of order on different
             # worker threads; keep the newest state.
             if posterior.step <= view.step:
@@ -232,6 +233,15 @@ class ExperimentMetrics(SelectorObserver, Collector):
             if view.dirty_since is None and posterior.step > view.checkpoint_step:
                 view.dirty_since = time.monotonic()
         self._set_posterior(experiment, posterior)
+
+    def experiment_listed(self, experiment: str, step: int, num_tasks: int) -> None:
+        with self._lock:
+            if experiment in self._removed or experiment in self._views:
+                return  # deleted meanwhile, or already loaded: the newer state wins
+            # Listed state is durable as of the listing (checkpoint + events).
+            self._views[experiment] = _ExperimentView(step=step, checkpoint_step=step)
+        self.step.labels(experiment).set(step)
+        self.tasks.labels(experiment).set(num_tasks)
 
     def checkpoint_written(self, experiment: str, step: int, seconds: float) -> None:
         self.checkpoint_seconds.observe(seconds)
@@ -251,11 +261,14 @@ class ExperimentMetrics(SelectorObserver, Collector):
         with self._lock:
             self._removed.discard(experiment)
             view = self._views.get(experiment)
-            if view is None or view.step < posterior.step:
+            if view is None or view.step < posterior.step or view.posterior is None:
                 # The loaded state is durable (checkpoint + event log): count
-                # checkpoint age from here.
+                # checkpoint age from here. Leases handed out before survive.
                 step = posterior.step
-                self._views[experiment] = _ExperimentView(posterior=posterior, step=step, checkpoint_step=step)
+                leases = view.open_batches if view is not None else {}
+                self._views[experiment] = _ExperimentView(
+                    posterior=posterior, step=step, checkpoint_step=step, open_batches=leases
+                )
 
     def _set_posterior(self, experiment: str, posterior: PosteriorView) -> None:
         self.step.labels(experiment).set(posterior.step)
@@ -282,12 +295,35 @@ class ExperimentMetrics(SelectorObserver, Collector):
         return ()  # unchecked collector: its names are its own
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
+        now_wall = time.time()
         with self._lock:
-            views = {name: dataclasses.replace(view) for name, view in self._views.items()}
+            for view in self._views.values():
+                # Expired leases free their tasks: drop them here, so the map
+                # stays as small as the batches actually in flight.
+                expired = [b for b, (_n, until) in view.open_batches.items() if until <= now_wall]
+                for batch_id in expired:
+                    del view.open_batches[batch_id]
+            views = {
+                name: dataclasses.replace(view, open_batches=dict(view.open_batches))
+                for name, view in self._views.items()
+            }
         share = GaugeMetricFamily(
-            "bots_posterior_share",
-            f"Share of the pool by posterior mean: band low (< {SPREAD_LOW}), mid, high (> {SPREAD_HIGH}).",
+            "bots_posterior_target_share",
+            f"Share of the pool by where each task's posterior puts most of its mass: band below "
+            f"(< p* - {TARGET_BAND}), near (within {TARGET_BAND} of p*), above (> p* + {TARGET_BAND}), "
+            "uncertain (none of them).",
             labels=("experiment", "band"),
+        )
+        quantiles = GaugeMetricFamily(
+            "bots_posterior_mean_quantile",
+            "Percentiles of the tasks' posterior means (label percentile: 10, 50, 90).",
+            labels=("experiment", "percentile"),
+        )
+        leased = GaugeMetricFamily(
+            "bots_leased_tasks",
+            "Tasks in open batches this replica handed out (selected, not reported, lease not expired), "
+            "as of the scrape.",
+            labels=("experiment",),
         )
         age = GaugeMetricFamily(
             "bots_checkpoint_age_seconds",
@@ -300,20 +336,19 @@ class ExperimentMetrics(SelectorObserver, Collector):
             labels=("experiment",),
         )
         loaded = GaugeMetricFamily("bots_experiments_loaded", "Experiments held in memory on this replica.")
-        loaded.add_metric((), len(views))
+        loaded.add_metric((), sum(1 for view in views.values() if view.posterior is not None))
         now = time.monotonic()
         for name, view in views.items():
             age.add_metric((name,), 0.0 if view.dirty_since is None else now - view.dirty_since)
             behind.add_metric((name,), max(0, view.step - view.checkpoint_step))
+            leased.add_metric((name,), sum(n for n, _until in view.open_batches.values()))
             if view.posterior is not None and view.posterior.num_tasks > 0:
-                for band, value in zip(("low", "mid", "high"), view.posterior.spread(), strict=True):
+                summary = view.posterior.summary()
+                for band, value in zip(SHARE_BANDS, summary.shares, strict=True):
                     share.add_metric((name, band), value)
-        return (share, age, behind, loaded)
-
-
-def _value(gauge: Gauge) -> float:
-    # prometheus_client has no public getter for one child's value.
-    return float(gauge._value.get())
+                for q, value in zip(MEAN_QUANTILES, summary.mean_quantiles, strict=True):
+                    quantiles.add_metric((name, f"{100 * q:g}"), value)
+        return (share, quantiles, leased, age, behind, loaded)
 
 
 class Metrics:

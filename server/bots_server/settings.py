@@ -24,11 +24,21 @@ SETTINGS = (
         "--db", "BOTS_DB", "sqlite:///bots.db", "database URL: sqlite:///FILE or postgresql+psycopg://USER@HOST/DB"
     ),
     Setting("--listen", "BOTS_LISTEN", "127.0.0.1:50051", "gRPC address to listen on"),
+    # 9464, not Prometheus's own 9090: a Prometheus on the same host (or a
+    # sidecar in the pod) must not take our port or we its. 9464 is the
+    # OpenTelemetry Prometheus exporter's port, which this server never runs.
     Setting(
         "--metrics-listen",
         "BOTS_METRICS_LISTEN",
-        "127.0.0.1:9090",
+        "127.0.0.1:9464",
         "HOST:PORT of the Prometheus /metrics HTTP endpoint; empty: no endpoint",
+    ),
+    Setting(
+        "--metrics-max-experiments",
+        "BOTS_METRICS_MAX_EXPERIMENTS",
+        "1000",
+        "at start, publish step and pool-size gauges of up to this many experiments of the store (by name) "
+        "before any is loaded; 0: only experiments this replica touches",
     ),
     Setting("--checkpoint-every-steps", "BOTS_CHECKPOINT_EVERY_STEPS", "100", "write a checkpoint every N steps"),
     Setting("--checkpoint-every-seconds", "BOTS_CHECKPOINT_EVERY_SECONDS", "60", "and at least every T seconds"),
@@ -81,7 +91,8 @@ ENV_ONLY = (
 class ServerSettings:
     db: str = "sqlite:///bots.db"
     listen: str = "127.0.0.1:50051"
-    metrics_listen: str = "127.0.0.1:9090"
+    metrics_listen: str = "127.0.0.1:9464"
+    metrics_max_experiments: int = 1000
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 60.0
     grace_seconds: float = 20.0
@@ -145,6 +156,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             db=args.db,
             listen=args.listen,
             metrics_listen=metrics_listen,
+            metrics_max_experiments=int(args.metrics_max_experiments),
             checkpoint_every_steps=int(args.checkpoint_every_steps),
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
             grace_seconds=float(args.grace_seconds),

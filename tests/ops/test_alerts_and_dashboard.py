@@ -126,7 +126,7 @@ def test_dashboard_is_generated_parameterised_and_complete() -> None:
     assert {
         "grpc_server_handled_total", "grpc_server_handling_seconds_bucket", "bots_steps_total",
         "bots_tasks_selected_total", "bots_rollouts_total", "bots_rollout_successes_total",
-        "bots_tasks_informative_total", "bots_posterior_share", "bots_capability", "bots_leased_tasks",
+        "bots_tasks_informative_total", "bots_posterior_target_share", "bots_posterior_mean_quantile", "bots_capability", "bots_leased_tasks",
         "bots_checkpoint_age_seconds", "bots_checkpoint_last_duration_seconds", "bots_database_errors_total",
         "bots_event_loop_lag_seconds_bucket",
     } <= used  # fmt: skip

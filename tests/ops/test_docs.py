@@ -18,10 +18,12 @@ def test_every_setting_is_documented() -> None:
         assert f"`{s.env}`" in OPERATIONS, s.env
         if s.flag:
             assert f"`{s.flag}`" in OPERATIONS, s.flag
-    migrate = build_parser()._subparsers._group_actions[0].choices["migrate"]
-    for action in migrate._actions:
-        for flag in action.option_strings:
-            assert flag in ("-h", "--help") or f"`{flag}`" in OPERATIONS, f"migrate {flag}"
+    commands = build_parser()._subparsers._group_actions[0].choices
+    experiments = commands["experiments"]._subparsers._group_actions[0].choices
+    for name, parser in (("migrate", commands["migrate"]), ("export", commands["export"]), *experiments.items()):
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in ("-h", "--help") or f"`{flag}`" in OPERATIONS, f"{name} {flag}"
 
 
 def test_every_exported_metric_is_documented(metrics_server: MetricsServer) -> None:

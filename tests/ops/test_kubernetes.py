@@ -102,6 +102,10 @@ def test_pods_match_what_the_server_expects(rendered: dict[str, Docs], variant: 
     assert set(env) <= SETTING_ENVS, set(env) - SETTING_ENVS
     assert settings.split_host_port(env["BOTS_LISTEN"], "") == ("0.0.0.0", ports["grpc"])
     assert settings.split_host_port(env["BOTS_METRICS_LISTEN"], "") == ("0.0.0.0", ports["metrics"])
+    # Annotation-based discovery scrapes the same port; and it is the
+    # server's default port, so docs, image and manifests tell one story.
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
+    assert ports["metrics"] == settings.split_host_port(settings.ServerSettings().metrics_listen, "")[1]
 
     # Native gRPC probes on the health service: liveness on "", readiness on
     # the service name the server reports (it follows the database).

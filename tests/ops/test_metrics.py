@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import uuid
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -15,6 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import bots_client
 from bots_client import ExperimentConfig, Task
+from bots_server.engine import PosteriorState, posterior_summary
+from bots_server.engine.summary import MEAN_QUANTILES, SHARE_BANDS
 from tests.ops.support import Labels, MetricsServer, eventually, number, parse, require_tool, value
 from tests.support.servers import drop_pg_database
 
@@ -25,7 +28,7 @@ TASK_SELECTOR = "bots.v1.TaskSelector"
 # here on purpose.
 ALLOWED_LABELS = {
     "grpc_type", "grpc_service", "grpc_method", "grpc_code",  # per RPC
-    "experiment", "band", "kind", "le",  # ours
+    "experiment", "band", "percentile", "kind", "le",  # ours
     "version", "python",  # bots_build_info
     "generation", "implementation", "major", "minor", "patchlevel",  # prometheus_client's process/GC/platform
 }  # fmt: skip
@@ -133,12 +136,61 @@ def test_learning_signals_of_a_reported_batch(metrics_server: MetricsServer) -> 
     assert experiment.capability is not None
     assert v("bots_capability") == pytest.approx(experiment.capability)
 
-    # The spread is the posterior the server holds, the one a snapshot returns.
-    mean = snap.alpha / (snap.alpha + snap.beta)
-    expected = {"low": np.mean(mean < 0.1), "high": np.mean(mean > 0.9)}
-    expected["mid"] = 1 - expected["low"] - expected["high"]
-    for band, share in expected.items():
-        assert v("bots_posterior_share", band=band) == pytest.approx(share), band
+    # The summary is of the posterior the server holds, the one a snapshot returns.
+    expected = posterior_summary(
+        PosteriorState(snap.alpha, snap.beta, np.full(50, np.nan), np.full(50, np.nan)), config.target_success
+    )
+    for band, share in zip(SHARE_BANDS, expected.shares, strict=True):
+        assert v("bots_posterior_target_share", band=band) == pytest.approx(share), band
+    for q, mean in zip(MEAN_QUANTILES, expected.mean_quantiles, strict=True):
+        assert v("bots_posterior_mean_quantile", percentile=f"{100 * q:g}") == pytest.approx(mean), q
+
+
+def test_leased_tasks_are_exact_at_every_scrape(metrics_server: MetricsServer) -> None:
+    """A partial report frees its whole batch, and an expired lease frees its
+    tasks without any further call: the gauge is computed at scrape time."""
+    name = unique("lease")
+    with bots_client.Client(metrics_server.address) as client:
+        client.create_experiment(name, ExperimentConfig(seed=9, lease_ttl_seconds=3))
+        client.add_tasks(name, [Task(f"t{i}") for i in range(20)])
+        first = client.select_batch(name, 4, request_key="a")
+        client.select_batch(name, 5, request_key="b")
+        leased = lambda: value(metrics_server.samples(), "bots_leased_tasks", experiment=name)  # noqa: E731
+        eventually(leased, lambda v: v == 9, what="two open batches: 4 + 5 tasks")
+        client.report_outcomes(name, first.batch_id, {first.keys[0]: (1, 2)})  # 1 of 4 tasks reported
+        eventually(leased, lambda v: v == 5, what="the partly reported batch is closed")
+    eventually(leased, lambda v: v == 0, timeout=15, what="the other lease expired")
+
+
+def test_experiments_in_the_store_have_gauges_from_start_up(tmp_path: Path) -> None:
+    """After a restart, every experiment's step and pool size are published
+    before any call touches it (none is loaded), up to the configured count."""
+    db = f"sqlite:///{tmp_path / 'start.db'}"
+    first = MetricsServer(db).start()
+    try:
+        with bots_client.Client(first.address) as client:
+            for name, steps in (("a-exp", 2), ("b-exp", 0), ("c-exp", 1)):
+                client.create_experiment(name, ExperimentConfig(seed=1))
+                client.add_tasks(name, [Task(f"t{i}") for i in range(6 + steps)])
+                for step in range(steps):
+                    batch = client.select_batch(name, 2, request_key=f"s{step}")
+                    client.report_outcomes(name, batch.batch_id, {k: (1, 2) for k in batch.keys})
+    finally:
+        first.stop()
+    second = MetricsServer(db, extra_args=["--metrics-max-experiments", "2"]).start()
+    try:
+        samples = eventually(
+            second.samples, lambda s: value(s, "bots_experiment_step", experiment="b-exp") is not None
+        )
+        assert number(samples, "bots_experiment_step", experiment="a-exp") == 2
+        assert number(samples, "bots_experiment_tasks", experiment="a-exp") == 8
+        assert number(samples, "bots_experiment_step", experiment="b-exp") == 0
+        assert number(samples, "bots_leased_tasks", experiment="a-exp") == 0
+        assert number(samples, "bots_steps_since_checkpoint", experiment="a-exp") == 0
+        assert value(samples, "bots_experiment_step", experiment="c-exp") is None  # beyond the bound
+        assert number(samples, "bots_experiments_loaded") == 0
+    finally:
+        second.stop()
 
 
 def test_checkpoint_age_and_duration_follow_checkpoints(metrics_server: MetricsServer) -> None:
@@ -209,7 +261,7 @@ def test_exposition_passes_promtool_lint(metrics_server: MetricsServer) -> None:
     text = eventually(
         metrics_server.scrape,
         lambda t: (
-            f'bots_posterior_share{{band="mid",experiment="{name}"}}' in t
+            f'bots_posterior_target_share{{band="near",experiment="{name}"}}' in t
             and "bots_event_loop_lag_seconds_count" in t
             and parse(t)["bots_event_loop_lag_seconds_count"][frozenset()] > 0
         ),

@@ -64,7 +64,7 @@ class Batches:
                     continue
                 if stored.batch_id != row.batch_id:  # a racing call with the same key won
                     return _same_request(live, stored, batch_size)
-                rt.notify(rt.observer.batch_selected, name, batch_size, len(leased) + batch_size)
+                rt.notify(rt.observer.batch_selected, name, row.batch_id, batch_size, row.lease_expire_time.timestamp())
                 log.debug(
                     "batch selected",
                     extra={"experiment": name, "batch_id": row.batch_id, "step": live.step, "batch_size": batch_size},
@@ -121,7 +121,8 @@ class Batches:
                     return await self._repeated(live, batch, task_idx, successes, trials)
                 live.state, live.step = result.state, event.step
                 signals = batch_signals(successes, trials)
-                rt.notify(rt.observer.report_applied, name, signals, PosteriorView.of(event.step, result.state))
+                view = PosteriorView.of(event.step, result.state, live.config.target_success)
+                rt.notify(rt.observer.report_applied, name, batch_id, signals, view)
                 log.info(
                     "report applied",
                     extra={"experiment": name, "step": event.step, "batch_id": batch_id, "tasks": len(task_idx)},

@@ -9,33 +9,40 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bots_server.engine import BatchSignals, PosteriorState, posterior_spread
-from bots_server.engine.summary import SPREAD_HIGH, SPREAD_LOW
+from bots_server.engine import BatchSignals, PosteriorState, PosteriorSummary, posterior_summary
 
-__all__ = ["SPREAD_HIGH", "SPREAD_LOW", "BatchSignals", "PosteriorView", "SelectorObserver"]
+__all__ = ["BatchSignals", "PosteriorSummary", "PosteriorView", "SelectorObserver"]
 
 
 @dataclass(frozen=True)
 class PosteriorView:
-    """An experiment's posterior as monitoring sees it. `spread` computes the
-    O(pool) shares (low, mid, high) on demand: at scrape time, not per step."""
+    """An experiment's posterior as monitoring sees it. `summary` computes the
+    O(pool) summary relative to the target on demand: at scrape time, not per
+    step."""
 
     step: int
     num_tasks: int
     capability: float  # NaN until known
-    spread: Callable[[], tuple[float, float, float]]
+    summary: Callable[[], PosteriorSummary]
 
     @classmethod
-    def of(cls, step: int, state: PosteriorState) -> PosteriorView:
-        return cls(step, state.num_tasks, state.capability, functools.partial(posterior_spread, state))
+    def of(cls, step: int, state: PosteriorState, target: float) -> PosteriorView:
+        # Cached: scrapes between two steps see the same posterior; compute it once.
+        summary = functools.cache(functools.partial(posterior_summary, state, target))
+        return cls(step, state.num_tasks, state.capability, summary)
 
 
 class SelectorObserver:
-    def batch_selected(self, experiment: str, batch_size: int, leased_tasks: int) -> None:
-        """A new batch was stored; `leased_tasks` counts tasks in open batches, this one included."""
+    def batch_selected(self, experiment: str, batch_id: str, batch_size: int, lease_expires: float) -> None:
+        """A new batch was stored; its lease ends at Unix time `lease_expires`."""
 
-    def report_applied(self, experiment: str, signals: BatchSignals, posterior: PosteriorView) -> None:
-        """A report was committed as step `posterior.step`, with the posterior after it."""
+    def report_applied(
+        self, experiment: str, batch_id: str, signals: BatchSignals, posterior: PosteriorView
+    ) -> None:
+        """Batch `batch_id`'s report was committed as step `posterior.step`, with the posterior after it."""
+
+    def experiment_listed(self, experiment: str, step: int, num_tasks: int) -> None:
+        """At start-up: an experiment in the store, not loaded (its posterior is not in memory)."""
 
     def checkpoint_written(self, experiment: str, step: int, seconds: float) -> None:
         """All posterior rows of `experiment` were written as of `step`."""

@@ -131,7 +131,7 @@ class Runtime:
         live = await self.run(LiveExperiment.rebuild, rows, config)
         self.live[name] = live
         seconds = time.perf_counter() - started
-        self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state), seconds)
+        self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state, live.config.target_success), seconds)
         log.info(
             "experiment loaded",
             extra={

@@ -9,18 +9,19 @@ from bots_server.engine.params import SELECTION_MODES, EngineParams, Setting, se
 from bots_server.engine.rng import step_rng
 from bots_server.engine.state import PosteriorState, UpdateResult
 from bots_server.engine.steps import apply_outcomes, select
-from bots_server.engine.summary import BatchSignals, batch_signals, posterior_spread
+from bots_server.engine.summary import BatchSignals, PosteriorSummary, batch_signals, posterior_summary
 
 __all__ = [
     "SELECTION_MODES",
     "BatchSignals",
     "EngineParams",
     "PosteriorState",
+    "PosteriorSummary",
     "Setting",
     "UpdateResult",
     "apply_outcomes",
     "batch_signals",
-    "posterior_spread",
+    "posterior_summary",
     "select",
     "settings",
     "step_rng",

@@ -107,6 +107,7 @@ class BotsServer:
             asyncio.create_task(self.selector.checkpoints.run(), name="checkpoints"),
             asyncio.create_task(database.watch(), name="database-health"),
             asyncio.create_task(self.metrics.watch_event_loop(), name="event-loop-lag"),
+            asyncio.create_task(self._publish_stored_experiments(), name="metrics-listing"),
         ]
         log.info(
             "serving",
@@ -122,6 +123,22 @@ class BotsServer:
                 "db": self.store.display_url,
             },
         )
+
+    async def _publish_stored_experiments(self) -> None:
+        """Per-experiment gauges from start-up for the experiments in the store
+        (the first --metrics-max-experiments by name), from one listing query,
+        loading no posterior: without this a restarted replica shows no
+        series until each experiment is touched, which reads as an outage."""
+        limit = self.settings.metrics_max_experiments
+        if limit <= 0 or not self.settings.metrics_listen:
+            return
+        try:
+            rows = await asyncio.to_thread(self.store.list_experiments, "", limit)
+        except Exception as e:  # best effort: metrics must never stop the server
+            log.warning("cannot list experiments for metrics", extra={"error": str(e)})
+            return
+        for row in rows:
+            self.metrics.observer.experiment_listed(row.name, row.step, row.num_tasks)
 
     def _start_metrics(self) -> None:
         if not self.settings.metrics_listen:

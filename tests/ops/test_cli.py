@@ -1,0 +1,67 @@
+"""The ops commands are for a person at a terminal: an unreachable server is
+reported in seconds, in one line, with a non-zero exit; and the default
+metrics port stays clear of the monitoring stack's own ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from bots_server import settings
+
+# Ports of the Prometheus stack and its usual neighbours on a host or in a
+# pod: Prometheus, Pushgateway, Alertmanager, node_exporter, Grafana, the
+# OpenTelemetry collector's own metrics, and the common HTTP alternates.
+TAKEN = {9090, 9091, 9093, 9094, 9100, 3000, 8888, 8889, 8080, 8000}
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port that refuses connections: bound (so no other test
+    takes it meanwhile) but not listening."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "command", [["experiments", "list"], ["experiments", "show", "math"], ["export", "math", "--format", "csv"]]
+)
+def test_unreachable_server_is_reported_in_seconds(closed_port: int, command: list[str]) -> None:
+    address = f"127.0.0.1:{closed_port}"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", *command, "--server", address],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    # The default budget is 5 s of retries; the rest is interpreter start-up.
+    assert elapsed < 15, f"took {elapsed:.1f}s"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: server {address} unavailable"), lines[0]
+    assert result.stdout == ""
+
+
+def test_retry_budget_is_a_setting(closed_port: int) -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "experiments", "list", "--server", f"127.0.0.1:{closed_port}"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "BOTS_RETRY_SECONDS": "0"},
+    )  # fmt: skip
+    assert result.returncode != 0 and "unavailable after 0 s" in result.stderr
+    assert time.monotonic() - started < 10
+
+
+def test_default_metrics_port_avoids_the_monitoring_stack() -> None:
+    _host, port = settings.split_host_port(settings.ServerSettings().metrics_listen, "")
+    assert port not in TAKEN
+    setting = next(s for s in settings.SETTINGS if s.env == "BOTS_METRICS_LISTEN")
+    assert setting.default == settings.ServerSettings().metrics_listen
