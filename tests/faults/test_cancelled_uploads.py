@@ -78,10 +78,10 @@ async def trials(address: str, seed: int) -> collections.Counter[str]:
     return seen
 
 
-def test_cancelled_uploads_commit_all_or_nothing(db_url: str) -> None:
-    server = ServerProcess(db_url).start()
+def test_cancelled_uploads_commit_all_or_nothing(fresh_db_url: str) -> None:
+    server = ServerProcess(fresh_db_url).start()
     try:
-        seen = asyncio.run(trials(server.address, seed=len(db_url)))
+        seen = asyncio.run(trials(server.address, seed=fresh_db_url.startswith("sqlite")))
     finally:
         server.stop()
     assert sum(seen.values()) == TRIALS

@@ -104,6 +104,13 @@ def crash_run(
             server.kill()
             done_kills += 1
             server = ServerProcess(db_url, extra_args=SERVER_ARGS).start(listen=f"127.0.0.1:{port}")
+            # Let the trainer finish a step before the next kill's random
+            # moment: a loaded machine that restarts slowly must not starve
+            # the trainer into its retry deadline (no progress, no signal).
+            steps_at_kill = len(run.picks)
+            progress_deadline = time.monotonic() + 60
+            while len(run.picks) == steps_at_kill and not run.done.is_set() and time.monotonic() < progress_deadline:
+                time.sleep(0.01)
         trainer.join(timeout=600)
         if trainer.is_alive() or not run.done.is_set():
             raise RuntimeError(f"trainer did not finish: {len(run.picks)} of {steps} steps")
