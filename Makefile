@@ -10,7 +10,10 @@ PYPROJECTS := pyproject.toml clients/python/pyproject.toml
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
 # No --quiet: pip's "Collecting ..." lines are the progress of a first install.
-PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check
+# --no-compile: byte-compiling every installed module (torch, transformers)
+# took longer than the rest of the test layer's install; Python compiles what
+# is imported, when it is first imported.
+PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --no-compile
 
 .PHONY: serve test tools proto bench simulate soak clean
 
