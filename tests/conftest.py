@@ -62,3 +62,13 @@ def server(db_url: str) -> Iterator[ServerProcess]:
     proc = ServerProcess(db_url).start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def sqlite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One SQLite server for the whole run, shared by the suites that do not
+    depend on the backend and isolate by experiment name (benchmarks, trainer
+    integrations): a server start costs a second or two of imports."""
+    proc = ServerProcess(f"sqlite:///{tmp_path_factory.mktemp('shared') / 'bots.db'}").start()
+    yield proc
+    proc.stop()

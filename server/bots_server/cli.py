@@ -22,7 +22,7 @@ import time
 from typing import IO
 
 import bots_client
-from bots_server import logs, settings
+from bots_server import __version__, logs, settings
 from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -163,6 +163,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bots-server", description="BOTS selection service")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gRPC server")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import bots_client
@@ -18,11 +17,11 @@ from tests.support.servers import ServerProcess
 SMALL = ["--pool", "300", "--batch-size", "16", "--quiet"]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(f"sqlite:///{tmp_path_factory.mktemp('loadgen') / 'loadgen.db'}").start()
-    yield proc
-    proc.stop()
+@pytest.fixture
+def server(sqlite_server: ServerProcess) -> ServerProcess:
+    """The run's shared SQLite server: the load generator's experiments are
+    named by their prefix, and it deletes them."""
+    return sqlite_server
 
 
 def run(tmp_path: Path, *args: str) -> tuple[int, dict]:

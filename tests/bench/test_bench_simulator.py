@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import bots_client
@@ -120,13 +119,6 @@ def test_summary_and_claims_render(tmp_path: Path) -> None:
         "local",
     )
     assert "| uniform random |" in text and "Claims:" in text
-
-
-@pytest.fixture(scope="module")
-def sqlite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(f"sqlite:///{tmp_path_factory.mktemp('sim') / 'sim.db'}").start()
-    yield server
-    server.stop()
 
 
 @pytest.mark.parametrize("method", ["bots", "mopps", "band", "dapo"])

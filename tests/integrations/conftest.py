@@ -1,6 +1,6 @@
-"""Fixtures of the trainer-integration tests: one real `bots-server` process
-on a SQLite file of its own (the adapters are backend-agnostic; the backends
-have their own suites), a client, and fresh experiment names.
+"""Fixtures of the trainer-integration tests: the run's shared SQLite
+`bots-server` process (tests/conftest.py; the adapters are backend-agnostic,
+the backends have their own suites), a client, and fresh experiment names.
 
 `need(module)` imports a framework or skips the test. Under CI it fails
 instead, for the frameworks CI installs (the top-level `test` extra): torch,
@@ -45,17 +45,9 @@ def need(module: str) -> ModuleType:
         pytest.skip(f"{module} is not installed: {e}")
 
 
-@pytest.fixture(scope="session")
-def integ_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    db = tmp_path_factory.mktemp("integrations") / "bots.db"
-    proc = ServerProcess(f"sqlite:///{db}").start()
-    yield proc
-    proc.stop()
-
-
 @pytest.fixture
-def address(integ_server: ServerProcess) -> str:
-    return integ_server.address
+def address(sqlite_server: ServerProcess) -> str:
+    return sqlite_server.address
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import json
 import re
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -161,8 +160,13 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 def test_every_dashboard_query_runs_and_most_have_data(scraped: tuple[MetricsServer, Prometheus, str]) -> None:
     _, prometheus, _ = scraped
-    # Let a few scrapes land, so that rate() over the window has two points.
-    time.sleep(3)
+    # Let a few scrapes land, so that rate() over the window has two points
+    # (earlier tests on this Prometheus have usually waited long enough).
+    eventually(
+        lambda: scalar(prometheus.query('count_over_time(up{job="bots-server"}[1m])')),
+        lambda r: bool(r) and r[0][1] >= 3,
+        what="three scrapes",
+    )
     empty = []
     for title, expr in dashboard_queries():
         concrete = (
