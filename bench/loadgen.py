@@ -135,8 +135,9 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 
 def _client(args: argparse.Namespace, target: str, timeout: float) -> Any:
-    import bots_client
     import grpc
+
+    import bots_client
 
     credentials = None
     if args.tls:

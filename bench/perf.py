@@ -141,8 +141,7 @@ def log(message: str) -> None:
 
 def engine_baseline(n: int, batch: int, steps: int) -> dict[str, Any]:
     """select(B) + apply_outcomes on n tasks, as the server runs them, in this process."""
-    from bots_server.engine import EngineParams
-    from bots_server.engine import PosteriorState, apply_outcomes, select, step_rng
+    from bots_server.engine import EngineParams, PosteriorState, apply_outcomes, select, step_rng
 
     params = EngineParams.of(experiment_config())
     weak, strong = reference_rates(n)
@@ -341,7 +340,7 @@ def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Genera
     if crash:
         server = common.server_process(url).start()
         with bots_client.Client(server.address, timeout=600) as client:
-            for i in range(cfg.crash_steps):
+            for _i in range(cfg.crash_steps):
                 _cycle(client, name, f"crash-{uuid.uuid4().hex}", rng, cfg.batch_size)
         server.kill()
     server = common.server_process(url).start()
@@ -351,7 +350,7 @@ def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Genera
             started = time.perf_counter()
             batch = client.select_batch(name, cfg.batch_size, f"restart-{uuid.uuid4().hex}")
             first_call = time.perf_counter() - started
-            client.report_outcomes(name, batch.batch_id, {k: (1.0, ROLLOUTS) for k in batch.keys})
+            client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1.0, ROLLOUTS)))
         rss, hwm = common.rss_bytes(server.proc.pid)
         loaded = [e for e in server.log_lines if e.get("message") == "experiment loaded"]
         result: dict[str, Any] = {

@@ -173,8 +173,7 @@ class LocalSelector:
     batches and posteriors as RemoteSelector, without a server."""
 
     def __init__(self, config: Any, pool: np.ndarray, weak: np.ndarray, strong: np.ndarray):
-        from bots_server.engine import EngineParams
-        from bots_server.engine import PosteriorState
+        from bots_server.engine import EngineParams, PosteriorState
 
         self.config, self.pool = config, pool
         self.params = EngineParams.of(config)

@@ -61,12 +61,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alembic.script import ScriptDirectory  # noqa: E402
+from alembic.script import ScriptDirectory
 
-import bots_client  # noqa: E402
-from bots_client import ExperimentConfig, Task  # noqa: E402
-from bots_server.store.revisions import MIGRATIONS  # noqa: E402
-from tests.support.servers import (  # noqa: E402
+import bots_client
+from bots_client import ExperimentConfig, Task
+from bots_server.store.revisions import MIGRATIONS
+from tests.support.servers import (
     REPO,
     ServerProcess,
     create_pg_database,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.crash import crash_run  # noqa: E402
-from tests.support.servers import create_pg_database, drop_pg_database  # noqa: E402
+from tests.support.crash import crash_run
+from tests.support.servers import create_pg_database, drop_pg_database
 
 
 def main() -> int:

@@ -44,12 +44,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bots_client
 import numpy as np
 import torch
-from bots_client.integrations.torch import BotsSampler
 from torch import nn
 from torch.utils.data import DataLoader
+
+import bots_client
+from bots_client.integrations.torch import BotsSampler
 
 BOS = 10  # the "previous digit" before the first one
 
@@ -388,19 +389,21 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     curves: list[Curve] = []
-    with tempfile.TemporaryDirectory(prefix="bots-example-") as tmp:
-        with local_server(Path(tmp) / "bots.db") if args.address is None else _given(args.address) as address:
-            print(f"BOTS server at {address}", flush=True)
-            for seed in range(args.seeds):
-                for arm in ("uniform", "service"):
-                    curve = train(arm, pool, args, seed, address)
-                    curves.append(curve)
-                    reached = ", ".join(f"{t:.1f}@{curve.steps_to(t) or '-'}" for t in args.targets)
-                    print(
-                        f"{arm:>8} seed {seed}: accuracy {curve.acc[-1]:.3f} after {curve.steps[-1]} steps "
-                        f"({curve.seconds:.1f} s); steps to accuracy {reached}",
-                        flush=True,
-                    )
+    with (
+        tempfile.TemporaryDirectory(prefix="bots-example-") as tmp,
+        local_server(Path(tmp) / "bots.db") if args.address is None else _given(args.address) as address,
+    ):
+        print(f"BOTS server at {address}", flush=True)
+        for seed in range(args.seeds):
+            for arm in ("uniform", "service"):
+                curve = train(arm, pool, args, seed, address)
+                curves.append(curve)
+                reached = ", ".join(f"{t:.1f}@{curve.steps_to(t) or '-'}" for t in args.targets)
+                print(
+                    f"{arm:>8} seed {seed}: accuracy {curve.acc[-1]:.3f} after {curve.steps[-1]} steps "
+                    f"({curve.seconds:.1f} s); steps to accuracy {reached}",
+                    flush=True,
+                )
     print()
     print("Steps to reach each pool accuracy (per seed, and the mean):")
     print(summarize(curves, args.targets))

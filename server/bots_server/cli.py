@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import dataclasses
 import json
 import os
 import sys
 import time
-from typing import IO
 
 import bots_client
 from bots_server import __version__, logs, settings
@@ -141,8 +141,8 @@ def _show(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     with _connect(args) as client:
         snap = client.snapshot(args.name)
-    out: IO[str] = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
-    try:
+    to_stdout = args.output == "-"
+    with contextlib.nullcontext(sys.stdout) if to_stdout else open(args.output, "w", newline="") as out:
         mean = snap.mean
         if args.format == "csv":
             writer = csv.writer(out)
@@ -153,10 +153,7 @@ def _export(args: argparse.Namespace) -> int:
             for i, key in enumerate(snap.keys):
                 row = {"key": key, "alpha": float(snap.alpha[i]), "beta": float(snap.beta[i]), "mean": float(mean[i])}
                 out.write(json.dumps(row) + "\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    if args.output != "-":
+    if not to_stdout:
         print(f"wrote {len(snap.keys)} tasks of {args.name!r} at step {snap.step} to {args.output}", file=sys.stderr)
     return 0
 

@@ -15,6 +15,7 @@ is when you need it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import platform
@@ -284,10 +285,8 @@ class ExperimentMetrics(SelectorObserver, Collector):
             self._views.pop(experiment, None)
             self._removed.add(experiment)
         for metric in self._labelled:
-            try:
+            with contextlib.suppress(KeyError):
                 metric.remove(experiment)
-            except KeyError:
-                pass
 
     # -- scrape time (exporter thread) ---------------------------------------------
 

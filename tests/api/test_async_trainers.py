@@ -5,12 +5,10 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
-import pytest
 
 import bots_client
 from bots_client import ExperimentConfig, Task
-from bots_server.engine import EngineParams
-from bots_server.engine import PosteriorState, apply_outcomes
+from bots_server.engine import EngineParams, PosteriorState, apply_outcomes
 
 
 def test_out_of_order_reports_apply_in_arrival_order(client: bots_client.Client) -> None:

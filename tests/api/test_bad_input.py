@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -26,7 +26,7 @@ def exp(client: bots_client.Client) -> str:
     client.create_experiment(name, ExperimentConfig(weak_feature="weak", strong_feature="strong"))
     client.add_tasks(name, [Task(f"t{i}", {"weak": 0.1, "strong": 0.6}) for i in range(10)])
     batch = client.select_batch(name, 3, request_key="reported")
-    client.report_outcomes(name, batch.batch_id, {k: (2, 4) for k in batch.keys})
+    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (2, 4)))
     client.select_batch(name, 3, request_key="open")
     return name
 

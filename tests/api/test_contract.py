@@ -86,7 +86,7 @@ def test_open_batches_lease_their_tasks(client: bots_client.Client) -> None:
     assert client.get_experiment(name).open_batches == 2
     with pytest.raises(bots_client.FailedPreconditionError, match="only 4 of 20 tasks are free"):
         client.select_batch(name, 5, request_key="c")
-    client.report_outcomes(name, a.batch_id, {k: (1, 2) for k in a.keys})
+    client.report_outcomes(name, a.batch_id, dict.fromkeys(a.keys, (1, 2)))
     c = client.select_batch(name, 12, request_key="c")
     assert not set(c.keys) & set(b.keys)  # b is still open
 
@@ -127,7 +127,7 @@ def test_batches_carry_the_step_they_were_selected_at(client: bots_client.Client
     for step in range(3):
         batch = client.select_batch(name, 4, request_key=f"s{step}")
         assert batch.step == step
-        assert client.report_outcomes(name, batch.batch_id, {k: (8, 16) for k in batch.keys}).step == step + 1
+        assert client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (8, 16))).step == step + 1
     assert client.get_experiment(name).step == 3
 
 
@@ -208,7 +208,7 @@ def test_async_client_mirrors_the_sync_one(endpoint: Endpoint) -> None:
             assert await client.add_tasks(name, make_tasks(10)) == 10
             batch = await client.select_batch(name, 3, request_key="k")
             assert await client.select_batch(name, 3, request_key="k") == batch
-            result = await client.report_outcomes(name, batch.batch_id, {k: (1, 4) for k in batch.keys})
+            result = await client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 4)))
             assert result.step == 1
             snap = await client.snapshot(name)
             assert snap.step == 1 and len(snap.keys) == 10
@@ -223,7 +223,7 @@ def test_async_client_mirrors_the_sync_one(endpoint: Endpoint) -> None:
 def test_add_tasks_appends_to_a_running_experiment(client: bots_client.Client) -> None:
     name = experiment(client, n=5)
     batch = client.select_batch(name, 5, request_key="s0")
-    client.report_outcomes(name, batch.batch_id, {k: (8, 16) for k in batch.keys})
+    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (8, 16)))
     assert client.add_tasks(name, [Task("late-1"), Task("late-2")]) == 7
     snap = client.snapshot(name)
     assert snap.keys[-2:] == ["late-1", "late-2"]
@@ -237,7 +237,7 @@ def test_strategies_and_selection_modes_all_run(client: bots_client.Client) -> N
         for step in range(2):
             batch = client.select_batch(name, 4, request_key=f"s{step}")
             assert len(set(batch.keys)) == 4
-            client.report_outcomes(name, batch.batch_id, {k: (2, 4) for k in batch.keys})
+            client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (2, 4)))
         assert client.get_experiment(name).step == 2
 
 

@@ -226,10 +226,10 @@ CASES = [
             "SelectBatch", "ReportOutcomes", "Snapshot", "AddTasks", "RestoreExperiment",
         )
         for payload in (b"\xff\xff\xff",)
-    ],  # fmt: skip
+    ],
     Case("bad-utf8-name", "raw:GetExperiment", lambda e: b"\x0a\x02\xff\xfe", Code.INVALID_ARGUMENT, "UTF-8"),
     Case("bad-utf8-task-key", "raw:AddTasks", lambda e: [pb.AddTasksRequest(experiment=e).SerializeToString(), b"\x12\x04\x0a\x02\xff\xfe"], Code.INVALID_ARGUMENT, "UTF-8"),
-]  # fmt: skip
+]
 
 STREAMS = {"AddTasks": "stream_unary", "RestoreExperiment": "stream_unary", "Snapshot": "unary_stream"}
 

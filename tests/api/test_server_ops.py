@@ -48,7 +48,7 @@ def test_cli_lists_shows_and_exports(server: ServerProcess) -> None:
         client.create_experiment(name, ExperimentConfig(seed=4))
         client.add_tasks(name, [Task("a,b"), Task('quote"d'), Task("plain")])
         batch = client.select_batch(name, 3, request_key="s0")
-        client.report_outcomes(name, batch.batch_id, {k: (4, 16) for k in batch.keys})
+        client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (4, 16)))
         snap = client.snapshot(name)
 
     listing = cli(server, "experiments", "list")
@@ -80,7 +80,7 @@ def test_sigterm_finishes_and_checkpoints(tmp_path) -> None:
             client.create_experiment("e")
             client.add_tasks("e", [Task(f"t{i}") for i in range(5)])
             batch = client.select_batch("e", 2, request_key="s")
-            client.report_outcomes("e", batch.batch_id, {k: (1, 2) for k in batch.keys})
+            client.report_outcomes("e", batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
         assert server.stop() == 0
         messages = server.messages()
         assert messages.index("shutting down") < messages.index("checkpoint written") < messages.index("stopped")

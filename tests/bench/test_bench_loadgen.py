@@ -8,9 +8,9 @@ import socket
 import time
 from pathlib import Path
 
-import bots_client
 import pytest
 
+import bots_client
 from bench import loadgen
 from tests.support.servers import ServerProcess
 

@@ -8,10 +8,10 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-import bots_client
 import numpy as np
 import pytest
 
+import bots_client
 from bench import simulate
 from bench.simmodel import Learner, World, WorldConfig, group_signal
 from tests.support.servers import ServerProcess

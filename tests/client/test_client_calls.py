@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import bots_client
 import grpc
 import pytest
+
+import bots_client
 from bots_client import Batch, Experiment, ExperimentConfig, Snapshot, Task, _convert
 from bots_client.proto import bots_pb2 as pb
 from bots_client.types import SELECTION_MODES, STRATEGIES
-
 from tests.support.servers import ServerProcess
 
 # run("method", *args): what the client's method returned, or the BotsError it raised.
@@ -57,8 +57,8 @@ def scenario(run: Run) -> dict[str, Any]:
     call("add_tasks", "add_tasks", "exp", TASKS)
     batch = call("select", "select_batch", "exp", 4, "step-0")
     call("select again", "select_batch", "exp", 4, "step-0")
-    call("report", "report_outcomes", "exp", batch.batch_id, {k: (1, 4) for k in batch.keys})
-    call("report again", "report_outcomes", "exp", batch.batch_id, {k: (1, 4) for k in batch.keys})
+    call("report", "report_outcomes", "exp", batch.batch_id, dict.fromkeys(batch.keys, (1, 4)))
+    call("report again", "report_outcomes", "exp", batch.batch_id, dict.fromkeys(batch.keys, (1, 4)))
     snapshot = call("snapshot", "snapshot", "exp", True)
     call("fork", "fork_experiment", "exp", "forked", OTHER_CONFIG)
     call("restore", "restore_experiment", "restored", snapshot)

@@ -16,7 +16,6 @@ import numpy as np
 
 import bots_client
 from bots_client import _calls
-from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from tests.support.servers import ServerProcess
 
@@ -27,7 +26,7 @@ SIZES = (1, 40, 3000, 20000)
 def snapshot_for(keys: list[str]) -> bots_client.Snapshot:
     experiment = bots_client.Experiment(
         name="source", config=bots_client.ExperimentConfig(), step=4, num_tasks=len(keys), open_batches=0,
-        capability=None, create_time=dt.datetime.now(dt.timezone.utc),
+        capability=None, create_time=dt.datetime.now(dt.UTC),
     )  # fmt: skip
     n = len(keys)
     return bots_client.Snapshot(experiment, keys, np.full(n, 2.0), np.full(n, 3.0), [{"f": 1.0}] * n)

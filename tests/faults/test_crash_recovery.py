@@ -4,8 +4,6 @@ equals an uninterrupted run's, bit for bit."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.support.crash import crash_run
 from tests.support.servers import create_pg_database, drop_pg_database, require_postgres
 

@@ -51,7 +51,7 @@ def test_server_rides_through_a_database_outage(cluster: PgCluster) -> None:
         client.create_experiment("e")
         client.add_tasks("e", [Task(f"t{i}") for i in range(20)])
         first = client.select_batch("e", 4, request_key="s0")
-        client.report_outcomes("e", first.batch_id, {k: (1, 2) for k in first.keys})
+        client.report_outcomes("e", first.batch_id, dict.fromkeys(first.keys, (1, 2)))
         pending = client.select_batch("e", 4, request_key="s1")
 
         cluster.stop()
@@ -60,7 +60,7 @@ def test_server_rides_through_a_database_outage(cluster: PgCluster) -> None:
         impatient = bots_client.Client(server.address, retry_timeout=0, timeout=60)
         for call in (
             lambda: impatient.select_batch("e", 2, request_key="during"),
-            lambda: impatient.report_outcomes("e", pending.batch_id, {k: (1, 2) for k in pending.keys}),
+            lambda: impatient.report_outcomes("e", pending.batch_id, dict.fromkeys(pending.keys, (1, 2))),
             lambda: impatient.get_experiment("e"),
         ):
             with pytest.raises(bots_client.UnavailableError, match="database"):
@@ -73,7 +73,7 @@ def test_server_rides_through_a_database_outage(cluster: PgCluster) -> None:
         result: list[bots_client.ReportResult] = []
         patient = threading.Thread(
             target=lambda: result.append(
-                client.report_outcomes("e", pending.batch_id, {k: (1, 2) for k in pending.keys})
+                client.report_outcomes("e", pending.batch_id, dict.fromkeys(pending.keys, (1, 2)))
             )
         )
         patient.start()
@@ -82,7 +82,7 @@ def test_server_rides_through_a_database_outage(cluster: PgCluster) -> None:
         patient.join(90)
         assert result and result[0].step == 2
         assert wait_for(lambda: readiness(server.address) == health_pb2.HealthCheckResponse.SERVING)
-        assert client.report_outcomes("e", pending.batch_id, {k: (1, 2) for k in pending.keys}).duplicate
+        assert client.report_outcomes("e", pending.batch_id, dict.fromkeys(pending.keys, (1, 2))).duplicate
         assert client.get_experiment("e").step == 2
     finally:
         server.stop()
@@ -105,7 +105,7 @@ def cluster_pids(cluster: PgCluster) -> list[int]:
 def train(client: bots_client.Client, steps: int, done: list[int]) -> None:
     for step in range(steps):
         batch = client.select_batch("e", 4, request_key=f"step-{step}")
-        client.report_outcomes("e", batch.batch_id, {k: (step % 3, 2) for k in batch.keys})
+        client.report_outcomes("e", batch.batch_id, dict.fromkeys(batch.keys, (step % 3, 2)))
         done.append(step)
         time.sleep(0.2)
 

@@ -74,7 +74,7 @@ def test_concurrent_writers_on_two_replicas_never_double_apply(databases: tuple[
 
         def report(i: int) -> None:
             barrier.wait()
-            results[i] = clients[i].report_outcomes("race", batches[i].batch_id, {k: (3, 16) for k in batches[i].keys})
+            results[i] = clients[i].report_outcomes("race", batches[i].batch_id, dict.fromkeys(batches[i].keys, (3, 16)))
 
         run_both(report)
         assert sorted(r.step for r in results) == [1, 2]
@@ -84,7 +84,7 @@ def test_concurrent_writers_on_two_replicas_never_double_apply(databases: tuple[
 
         def report_same(i: int) -> None:
             barrier.wait()
-            results[i] = clients[i].report_outcomes("race", again.batch_id, {k: (5, 16) for k in again.keys})
+            results[i] = clients[i].report_outcomes("race", again.batch_id, dict.fromkeys(again.keys, (5, 16)))
 
         run_both(report_same)
         assert sorted(r.duplicate for r in results) == [False, True]
@@ -102,7 +102,7 @@ def run_both(fn) -> None:  # type: ignore[no-untyped-def]
     def guarded(i: int) -> None:
         try:
             fn(i)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=guarded, args=(i,)) for i in range(2)]

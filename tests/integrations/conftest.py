@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Iterator
 from types import ModuleType
 
-import bots_client
 import pytest
 
+import bots_client
 from tests.support.servers import ServerProcess
 
 DEFAULT_REQUIRED_IN_CI = ("torch", "trl", "matplotlib")

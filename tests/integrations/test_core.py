@@ -7,10 +7,10 @@ import logging
 import math
 import threading
 
-import bots_client
 import pytest
-from bots_client.integrations import Curriculum, aggregate_outcomes, merge_outcomes
 
+import bots_client
+from bots_client.integrations import Curriculum, aggregate_outcomes, merge_outcomes
 from tests.integrations.conftest import EXACT, counts
 
 
@@ -97,7 +97,7 @@ def test_report_routes_keys_to_their_open_batches(client: bots_client.Client, ex
     cur = Curriculum(client, exp_name, keys, batch_size=3, config=EXACT)
     b0, b1 = cur.select(), cur.select()  # two batches in flight: disjoint (leases)
     assert not set(b0.keys) & set(b1.keys)
-    outcomes = {k: (1.0, 4) for k in b0.keys} | {k: (3.0, 4) for k in b1.keys}
+    outcomes = dict.fromkeys(b0.keys, (1.0, 4)) | dict.fromkeys(b1.keys, (3.0, 4))
     results = cur.report(outcomes)
     assert len(results) == 2 and client.get_experiment(exp_name).step == 2
     assert cur.open_batches == []
@@ -119,7 +119,7 @@ def test_non_strict_report_drops_strays_and_non_reporter_never_calls(
     assert client.get_experiment(exp_name).step == 1
     other = Curriculum(client, exp_name, keys, batch_size=2, rank=1, world_size=2)
     b = other.select(1)
-    assert other.report({k: (1, 2) for k in b.keys}) == []
+    assert other.report(dict.fromkeys(b.keys, (1, 2))) == []
     assert client.get_experiment(exp_name).step == 1  # rank 1 never reports
     assert other.open_batches == []  # but it closed the batch locally
 
@@ -130,13 +130,13 @@ def test_replayed_batch_after_a_crash_keeps_the_first_report(
     keys = [f"k{i}" for i in range(6)]
     before = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
     batch = before.select(0)
-    before.report({k: (2, 2) for k in batch.keys})
+    before.report(dict.fromkeys(batch.keys, (2, 2)))
     # The trainer crashed before its checkpoint: the restarted one replays
     # batch 0 (same request key -> same batch) with new rollouts.
     after = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
     assert after.select(0).batch_id == batch.batch_id
     with caplog.at_level(logging.WARNING, logger="bots_client.integrations"):
-        assert after.report({k: (0, 2) for k in batch.keys}) == []
+        assert after.report(dict.fromkeys(batch.keys, (0, 2))) == []
     assert "already reported" in caplog.text
     assert client.get_experiment(exp_name).step == 1
     assert all(counts(client, exp_name)[k] == (2.0, 0.0) for k in batch.keys)

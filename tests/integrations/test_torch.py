@@ -10,14 +10,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import bots_client
 import pytest
 
+import bots_client
 from tests.integrations.conftest import EXACT, counts, need
 
 torch = need("torch")
-from bots_client.integrations.torch import BotsBatchSampler, BotsSampler
 from torch.utils.data import DataLoader
+
+from bots_client.integrations.torch import BotsBatchSampler, BotsSampler
 
 KEYS = [f"task-{i:02d}" for i in range(16)]
 
@@ -97,7 +98,7 @@ def test_ranks_in_threads_get_the_same_batch_and_only_rank0_reports(address: str
                 out.append((batch.batch_id, batch.keys, rows["key"], len(results)))
                 barrier.wait()
             seen[rank] = out
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+        except BaseException as e:
             errors.append(e)
             barrier.abort()
 
@@ -223,7 +224,7 @@ def test_batch_sampler_yields_one_service_batch_per_step(client: bots_client.Cli
     assert len(loader) == 2
     for rows in loader:
         assert rows["key"] == list(sampler.last_batch.keys)
-        sampler.report({k: (1.0, 2) for k in rows["key"]})
+        sampler.report(dict.fromkeys(rows["key"], (1.0, 2)))
     assert client.get_experiment(exp_name).step == 2
     assert sampler.state_dict()["step"] == 2
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-import bots_client
 import numpy as np
 import pytest
-from bots_client.integrations.trinity import BotsSelector, experiment_config_from_trinity
 
+import bots_client
+from bots_client.integrations.trinity import BotsSelector, experiment_config_from_trinity
 from tests.integrations.conftest import EXACT, counts, need
 
 N = 20

@@ -9,9 +9,9 @@ import itertools
 import logging
 from typing import Any
 
-import bots_client
 import pytest
 
+import bots_client
 from tests.integrations.conftest import EXACT, counts, need
 
 torch = need("torch")
@@ -31,7 +31,7 @@ def test_repeat_pattern_matches_trl_repeat_sampler(client: bots_client.Client, e
     chunk = list(cur.select(0, batch_size=3).indices)
     # RepeatSampler's layout: each index mini_repeat_count times, the chunk repeat_count times.
     assert first == [i for _ in range(2) for i in chunk for _ in range(2)]
-    cur.report({k: (1, 2) for k in cur.select(0, batch_size=3).keys})
+    cur.report(dict.fromkeys(cur.select(0, batch_size=3).keys, (1, 2)))
     second = list(itertools.islice(it, 12))
     assert second[:6] == second[6:] and len(set(second)) == 3
     assert sampler.state_dict() == {"experiment": exp_name, "step": 2}

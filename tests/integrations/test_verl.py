@@ -18,15 +18,16 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
-import bots_client
 import numpy as np
 import pytest
 
+import bots_client
 from tests.integrations.conftest import EXACT, counts, need
 
 torch = need("torch")
-from bots_client.integrations.verl import BotsCurriculumSampler, outcomes_from_batch
 from torch.utils.data import DataLoader
+
+from bots_client.integrations.verl import BotsCurriculumSampler, outcomes_from_batch
 
 N_ROWS = 12
 
@@ -188,7 +189,7 @@ def test_dotted_key_field_features_and_a_non_tensor_reward(
     assert sampler.curriculum.keys[3] == "u-3"
     assert sampler.curriculum.features[3] == {"weak": 0.1, "strong": pytest.approx(0.15)}
     index_values = first_batch_indices(sampler)
-    batch = rollout_batch(index_values, {k: 1 for k in index_values}, n=2)
+    batch = rollout_batch(index_values, dict.fromkeys(index_values, 1), n=2)
     batch.non_tensor_batch["acc"] = np.array([0.5] * len(batch.non_tensor_batch["index"]), dtype=object)
     sampler.update(batch)
     got = counts(client, exp_name)

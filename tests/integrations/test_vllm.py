@@ -20,10 +20,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-import bots_client
 import pytest
-from bots_client.integrations.vllm import generate_llm, generate_openai, group_flat, rollout, rollout_and_report, score
 
+import bots_client
+from bots_client.integrations.vllm import generate_llm, generate_openai, group_flat, rollout, rollout_and_report, score
 from tests.integrations.conftest import EXACT, counts
 
 ANSWERS = {"t0": "4", "t1": "9", "t2": "16"}

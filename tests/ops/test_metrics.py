@@ -51,7 +51,7 @@ def test_rpc_metrics_count_calls_by_method_type_and_code(metrics_server: Metrics
         client.add_tasks(name, [Task(f"t{i}") for i in range(20)])
         for step in range(3):
             batch = client.select_batch(name, 4, request_key=f"s{step}")
-            client.report_outcomes(name, batch.batch_id, {k: (1, 2) for k in batch.keys})
+            client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
         with pytest.raises(bots_client.NotFoundError):
             client.get_experiment(unique("missing"))
         with pytest.raises(bots_client.InvalidArgumentError):
@@ -174,7 +174,7 @@ def test_experiments_in_the_store_have_gauges_from_start_up(tmp_path: Path) -> N
                 client.add_tasks(name, [Task(f"t{i}") for i in range(6 + steps)])
                 for step in range(steps):
                     batch = client.select_batch(name, 2, request_key=f"s{step}")
-                    client.report_outcomes(name, batch.batch_id, {k: (1, 2) for k in batch.keys})
+                    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
     finally:
         first.stop()
     second = MetricsServer(db, extra_args=["--metrics-max-experiments", "2"]).start()
@@ -202,7 +202,7 @@ def test_checkpoint_age_and_duration_follow_checkpoints(metrics_server: MetricsS
 
         def step(key: str) -> None:
             batch = client.select_batch(name, 2, request_key=key)
-            client.report_outcomes(name, batch.batch_id, {k: (1, 2) for k in batch.keys})
+            client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
 
         step("s1")
         pending = eventually(
@@ -229,7 +229,7 @@ def test_deleting_an_experiment_removes_its_series(metrics_server: MetricsServer
         client.create_experiment(name, ExperimentConfig(seed=6))
         client.add_tasks(name, [Task(f"t{i}") for i in range(10)])
         batch = client.select_batch(name, 2, request_key="s")
-        client.report_outcomes(name, batch.batch_id, {k: (1, 2) for k in batch.keys})
+        client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
         eventually(metrics_server.scrape, lambda text: f'experiment="{name}"' in text, what="series exist")
         client.delete_experiment(name)
     eventually(metrics_server.scrape, lambda text: f'experiment="{name}"' not in text, what="series removed")
@@ -242,7 +242,7 @@ def test_label_sets_are_bounded_and_task_keys_never_labels(metrics_server: Metri
         client.create_experiment(name, ExperimentConfig(seed=7))
         client.add_tasks(name, [Task(f"{marker}{i}") for i in range(30)])
         batch = client.select_batch(name, 5, request_key="s")
-        client.report_outcomes(name, batch.batch_id, {k: (1, 3) for k in batch.keys})
+        client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 3)))
     text = eventually(metrics_server.scrape, lambda t: f'bots_steps_total{{experiment="{name}"}}' in t)
     assert marker not in text
     labels = {label for series in parse(text).values() for key in series for label, _ in key}
@@ -256,7 +256,7 @@ def test_exposition_passes_promtool_lint(metrics_server: MetricsServer) -> None:
         client.create_experiment(name, ExperimentConfig(seed=8, weak_feature="w", strong_feature="s"))
         client.add_tasks(name, [Task(f"t{i}", {"w": 0.1, "s": 0.9}) for i in range(10)])
         batch = client.select_batch(name, 3, request_key="s")
-        client.report_outcomes(name, batch.batch_id, {k: (1, 4) for k in batch.keys})
+        client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 4)))
     # Wait for every kind of series to be there: experiment, loop lag, checkpoint.
     text = eventually(
         metrics_server.scrape,

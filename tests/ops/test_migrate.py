@@ -3,11 +3,11 @@ the Kubernetes init container run."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
-import multiprocessing
-from threading import Barrier as BarrierType
 from pathlib import Path
+from threading import Barrier as BarrierType
 
 import bots_client
 from tests.ops.support import MetricsServer
@@ -49,7 +49,7 @@ def _migrate_at_barrier(url: str, barrier: BarrierType) -> str:
         barrier.wait(timeout=60)
         store.migrate()
         return "ok"
-    except Exception as e:  # noqa: BLE001 - reported to the test
+    except Exception as e:
         return f"{type(e).__name__}: {e}"
     finally:
         store.close()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -76,7 +76,7 @@ def test_no_log_line_per_call_at_the_default_level(metrics_server: MetricsServer
         for _ in range(20):  # calls that change nothing
             client.get_experiment(name)
             assert client.select_batch(name, 2, request_key="s").batch_id == batch.batch_id
-        client.report_outcomes(name, batch.batch_id, {k: (1, 2) for k in batch.keys})  # a step
+        client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))  # a step
         time.sleep(0.5)
     new = metrics_server.log_lines[before:]
     assert len(new) <= 1, new  # at most the checkpoint the step may trigger

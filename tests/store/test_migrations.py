@@ -18,7 +18,7 @@ from bots_server.store.revisions import MIGRATIONS
 from bots_server.store.sql import SqlStore
 from tests.support.servers import ServerProcess
 
-NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 REVISIONS = [r.revision for r in reversed(list(ScriptDirectory(str(MIGRATIONS)).walk_revisions()))]
 
 # The seeded event: task 0 reported 4 of 16 at step 2, every task has
@@ -92,7 +92,7 @@ def test_upgrade_from_every_earlier_revision(fresh_db_url: str, start: str) -> N
             assert snap.experiment.capability == pytest.approx(CAPABILITY, rel=1e-12)
             assert client.report_outcomes("old", "b2", {"k0": (4, 16)}).duplicate
             batch = client.select_batch("old", 2, request_key="step-2")
-            assert client.report_outcomes("old", batch.batch_id, {k: (8, 16) for k in batch.keys}).step == 3
+            assert client.report_outcomes("old", batch.batch_id, dict.fromkeys(batch.keys, (8, 16))).step == 3
     finally:
         server.stop()
 

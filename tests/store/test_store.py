@@ -390,7 +390,7 @@ def run_together(calls: list[Callable[[], T]]) -> list[T | Exception]:
         barrier.wait()
         try:
             return call()
-        except Exception as e:  # noqa: BLE001 - the test looks at what each call raised
+        except Exception as e:
             return e
 
     with ThreadPoolExecutor(len(calls)) as pool:

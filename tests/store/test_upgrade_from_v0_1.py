@@ -115,7 +115,7 @@ def test_database_written_by_v0_1_0_upgrades_in_place(upgraded_db_url: str) -> N
             # new batch for that key could not be.
             opened = EXPECTED["open_batch"]
             batch = check_select(client, opened["experiment"], opened)
-            assert batch.lease_expire_time > dt.datetime.now(dt.timezone.utc)
+            assert batch.lease_expire_time > dt.datetime.now(dt.UTC)
             assert client.get_experiment(opened["experiment"]).open_batches == 1
 
             for retry in EXPECTED["retries"]:

@@ -4,6 +4,7 @@ running server."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -58,8 +59,6 @@ class PgCluster:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
 
     def destroy(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
             self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass  # already stopped
         shutil.rmtree(self.dir, ignore_errors=True)

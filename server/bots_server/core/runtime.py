@@ -40,7 +40,7 @@ MAX_WRITE_ATTEMPTS = 20
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class Runtime:

@@ -17,13 +17,15 @@ from bots_server.core.pool import Pool
 from bots_server.core.runtime import Runtime, utcnow
 from bots_server.store import Store
 
+DEFAULT_CHECKPOINT_POLICY = CheckpointPolicy()
+
 
 class SelectorService:
     def __init__(
         self,
         store: Store,
         *,
-        checkpoint_policy: CheckpointPolicy = CheckpointPolicy(),
+        checkpoint_policy: CheckpointPolicy = DEFAULT_CHECKPOINT_POLICY,
         max_workers: int = 8,
         clock: Callable[[], dt.datetime] = utcnow,
         observer: SelectorObserver | None = None,

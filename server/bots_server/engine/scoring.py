@@ -6,7 +6,6 @@ import numpy as np
 
 from bots_server.engine.params import EngineParams
 
-
 # Modes that score the posterior mean rather than a Beta draw, and modes that
 # sample the batch from softmax(score / tau) rather than taking the top-k.
 _MEAN_MODES = ("mean", "softmax_mean")

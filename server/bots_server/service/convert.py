@@ -66,7 +66,7 @@ def config_to_proto(config: ExperimentConfig) -> pb.ExperimentConfig:
 
 def timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
     message = timestamp_pb2.Timestamp()
-    message.FromDatetime(value.astimezone(dt.timezone.utc))
+    message.FromDatetime(value.astimezone(dt.UTC))
     return message
 
 

@@ -5,7 +5,6 @@ itself would answer UNKNOWN with a Python exception name)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import grpc

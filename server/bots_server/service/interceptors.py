@@ -120,7 +120,7 @@ def _nothing() -> None:
 
 
 def _metadata(details: grpc.HandlerCallDetails, key: str) -> str | None:
-    for k, v in details.invocation_metadata or ():  # type: ignore[attr-defined]
+    for k, v in details.invocation_metadata or ():
         if k == key:
             return v if isinstance(v, str) else None
     return None
@@ -185,7 +185,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method  # type: ignore[attr-defined]
+        method = handler_call_details.method
         labels = (grpc_type(handler.request_streaming, handler.response_streaming), *split_method(method))
         metrics = self.metrics
 
@@ -238,7 +238,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(  # type: ignore[override]  # None for unknown methods: the stubs omit it
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        method: str = handler_call_details.method
         if method.startswith(AUTH_EXEMPT_PREFIXES):
             return await continuation(handler_call_details)
         header = _metadata(handler_call_details, AUTHORIZATION_KEY)

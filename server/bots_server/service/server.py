@@ -21,9 +21,9 @@ import bots_server
 from bots_client.proto import bots_pb2
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.metrics import Metrics
-from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
 from bots_server.service import handlers, tls
 from bots_server.service.interceptors import AuthInterceptor, MetricsInterceptor, RequestIdInterceptor
+from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
 from bots_server.service.servicer import TaskSelectorServicer
 from bots_server.settings import ServerSettings, split_host_port
 from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store

@@ -9,9 +9,9 @@ import grpc
 
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from bots_server.core.selector import SelectorService
 from bots_server.core.domain import RestoreData, Snapshot
 from bots_server.core.limits import shown
+from bots_server.core.selector import SelectorService
 from bots_server.errors import InvalidArgument
 from bots_server.service import convert
 from bots_server.service.status import server_streaming, unary

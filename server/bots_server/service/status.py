@@ -92,7 +92,7 @@ def unary(
     async def wrapper(self: Servicer, request: Request, context: grpc.aio.ServicerContext) -> Response:
         try:
             return await fn(self, _parsed(request), context)
-        except Exception as e:  # noqa: BLE001 - every error ends as a status; unexpected ones are logged
+        except Exception as e:
             await _abort(context, fn.__name__, e)
         raise AssertionError("unreachable: abort raises")
 
@@ -109,7 +109,7 @@ def server_streaming(
         try:
             async for item in fn(self, _parsed(request), context):
                 yield item
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             await _abort(context, fn.__name__, e)
 
     return wrapper

@@ -22,7 +22,6 @@ from __future__ import annotations
 import abc
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
-
 from typing import Any
 
 import numpy as np

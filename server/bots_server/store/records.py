@@ -10,7 +10,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 
-
 @dataclass(frozen=True)
 class ExperimentRow:
     id: int

@@ -12,7 +12,6 @@ violations become domain errors.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import datetime as dt
 import functools
 import json

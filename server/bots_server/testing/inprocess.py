@@ -115,7 +115,7 @@ def _encode(serializer: Serializer, message: Any) -> bytes:
 
 
 def _decode(deserializer: Serializer, data: bytes) -> Any:
-    return data if deserializer is None else deserializer(data)  # type: ignore[arg-type]
+    return data if deserializer is None else deserializer(data)
 
 
 async def _requests(parse: Callable[[bytes], Any], encoded: Sequence[bytes]) -> AsyncIterator[Any]:

@@ -50,7 +50,7 @@ class ServerProcess:
                     entry = {"message": line.rstrip()}
                 self.log_lines.append(entry)
                 if entry.get("message") == "serving":
-                    self.port = int(entry["port"])  # type: ignore[arg-type]
+                    self.port = int(entry["port"])
                     ready.set()
 
         self._reader = threading.Thread(target=read, daemon=True)
