@@ -56,9 +56,12 @@ async def trials(address: str, seed: int) -> collections.Counter[str]:
                 await client.create_experiment(name)
                 chunks = _calls.task_chunks(name, [bots_client.Task(k, {"f": 1.0}) for k in keys], chunk_bytes=20_000)
                 call = stub.AddTasks(messages(chunks, rng))
-            # Cancel anywhere from mid-stream to well into the commit.
-            await asyncio.sleep(rng.uniform(0, 0.02 + n * 2e-5))
-            cancelled = call.cancel()
+            # Cancel anywhere from mid-stream to well into the commit; a few
+            # uploads run to the end, whatever the machine's load.
+            cancelled = False
+            if rng.random() >= 0.15:
+                await asyncio.sleep(rng.uniform(0, 0.02 + n * 2e-5))
+                cancelled = call.cancel()
             try:
                 await call
                 outcome = "completed"
@@ -84,7 +87,7 @@ def test_cancelled_uploads_commit_all_or_nothing(fresh_db_url: str) -> None:
     finally:
         server.stop()
     assert sum(seen.values()) == TRIALS
-    # The trials did cancel, and some uploads got through. A cancel that
+    # The trials did cancel, and the uploads left alone got through. A cancel that
     # arrives after the commit (during COMMIT, or while the answer travels)
     # finds the upload applied in full: "cancelled, all stored".
     assert seen["cancelled, none stored"] > 0 and seen["completed, all stored"] > 0
