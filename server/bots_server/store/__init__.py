@@ -16,7 +16,6 @@ from bots_server.store.errors import (
     StaleStep,
     UnsupportedDatabase,
 )
-from bots_server.store.postgresql import PostgresStore
 from bots_server.store.records import (
     BatchRow,
     CheckpointRow,
@@ -27,7 +26,6 @@ from bots_server.store.records import (
     SchemaStatus,
     StepEvent,
 )
-from bots_server.store.sqlite import SqliteStore
 
 _EXPECTED = "expected sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
 
@@ -47,9 +45,15 @@ def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], N
     except exc.ArgumentError:
         # Not echoed: the text may hold a password.
         raise UnsupportedDatabase(f"cannot parse the database URL; {_EXPECTED}") from None
+    # Each dialect is imported when used: a SQLite server does not load
+    # psycopg and libpq (about 10 MB of resident memory).
     if drivername in ("sqlite", "sqlite+pysqlite"):
+        from bots_server.store.sqlite import SqliteStore
+
         return SqliteStore(url, exclusive=exclusive, on_error=on_error)
     if drivername == "postgresql+psycopg":  # the dialect's COPY and error handling are psycopg 3's
+        from bots_server.store.postgresql import PostgresStore
+
         return PostgresStore(url, on_error=on_error)
     raise UnsupportedDatabase(f"unsupported database URL scheme {drivername!r}; {_EXPECTED}")
 
