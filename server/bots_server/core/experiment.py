@@ -35,7 +35,6 @@ class LiveExperiment:
     step: int
     checkpoint_step: int
     checkpoint_time: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     checkpoint_task: asyncio.Task[None] | None = None
 
     @property
