@@ -46,14 +46,12 @@ serve: $(RUNTIME_STAMP)
 # pytest-xdist workers; 0 runs in one process. The suite mostly waits on
 # server processes (starts, restarts, kills), so two workers on two cores take
 # about two thirds of the time of one; four were no faster (each test ran
-# slower). --dist worksteal hands each worker a contiguous share of the tests
-# (so a module's fixtures mostly start once) and lets an idle worker take
-# tests from a busy one: one file per worker (loadfile) left the 545 tests of
-# tests/api/test_hostile_input.py, or both crash tests, to a single worker.
+# slower). --dist loadfile keeps a file on one worker, so its module-scoped
+# servers (Prometheus, the auth server) start once per run.
 PYTEST_WORKERS ?= 2
 
 test: $(TEST_STAMP) tools
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Not in `make test` or CI yet: the code still has findings to fix. No `ruff
 # format --check`: the tree is not formatted that way.
