@@ -153,8 +153,14 @@ def test_health_and_reflection_need_no_token(auth_server: MetricsServer) -> None
 def test_rejections_are_counted_and_tokens_never_logged(auth_server: MetricsServer) -> None:
     with bots_client.Client(auth_server.address) as client, pytest.raises(bots_client.UnauthenticatedError):
         client.get_experiment("x")
-    samples = auth_server.samples()
-    rejected = value(samples, "grpc_server_handled_total", grpc_method="GetExperiment", grpc_code="Unauthenticated")
+    # The counter is updated after the answer is sent: poll, do not read once.
+    rejected = eventually(
+        lambda: value(
+            auth_server.samples(), "grpc_server_handled_total", grpc_method="GetExperiment", grpc_code="Unauthenticated"
+        ),
+        lambda v: v is not None and v >= 1,
+        what="the rejection counted",
+    )
     assert rejected is not None and rejected >= 1
     serving = next(e for e in auth_server.log_lines if e.get("message") == "serving")
     assert serving["auth"] is True
