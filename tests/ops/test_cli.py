@@ -35,6 +35,11 @@ def closed_port() -> Iterator[int]:
 )
 def test_unreachable_server_is_reported_in_seconds(closed_port: int, command: list[str]) -> None:
     address = f"127.0.0.1:{closed_port}"
+    # Interpreter and import start-up alone, the same way: on a loaded machine
+    # (two pytest workers and other jobs) it has taken over 10 s by itself.
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "bots_server.cli", "--version"], capture_output=True, timeout=60)
+    startup = time.monotonic() - started
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "bots_server.cli", *command, "--server", address],
@@ -42,8 +47,8 @@ def test_unreachable_server_is_reported_in_seconds(closed_port: int, command: li
     )  # fmt: skip
     elapsed = time.monotonic() - started
     assert result.returncode != 0
-    # The default budget is 5 s of retries; the rest is interpreter start-up.
-    assert elapsed < 15, f"took {elapsed:.1f}s"
+    # The default budget is 5 s of retries, beyond the start-up.
+    assert elapsed - startup < 10, f"took {elapsed:.1f}s, {startup:.1f}s of it start-up"
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: server {address} unavailable"), lines[0]
