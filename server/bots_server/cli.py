@@ -5,6 +5,7 @@
     bots-server experiments list [--server HOST:PORT] [--tls | --tls-ca CA] [--tls-cert C --tls-key K]
     bots-server experiments show NAME [--server HOST:PORT] ...
     bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT] ...
+    bots-server token --name WHO [--tenant T] [--role reader|writer|admin]
 
 The ops commands read a bearer token from BOTS_TOKEN.
 """
@@ -39,7 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
     from bots_server.service.server import serve
 
     config = settings.from_args(args)
-    logs.configure(config.log_level, config.log_format)
+    logs.configure(config.log_level, config.log_format, config.audit_log)
     asyncio.run(serve(config))
     return 0
 
@@ -158,6 +159,30 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> int:
+    """A new bearer token and the credentials-file entry that admits it."""
+    from bots_server.core import tenancy
+    from bots_server.errors import InvalidArgument
+    from bots_server.service.credentials import hash_token, new_token
+
+    try:
+        role = tenancy.Role.parse(args.role)
+        tenancy.check_tenant(args.tenant)
+    except (ValueError, InvalidArgument) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    token = new_token()
+    print(f"# The token of {args.name!r}: give it to them (BOTS_TOKEN); it is not stored anywhere.")
+    print(token)
+    print("# Add this to the credentials file; the server picks it up within seconds:")
+    print("[[principals]]")
+    print(f"name = {json.dumps(args.name)}")
+    print(f"tenant = {json.dumps(args.tenant)}")
+    print(f"role = {json.dumps(role.label)}")
+    print(f'token_sha256 = "{hash_token(token)}"')
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bots-server", description="BOTS selection service")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -200,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", default="-", help="file to write (default: standard output)")
     _connection_arguments(export)
     export.set_defaults(run=_export)
+
+    token = commands.add_parser(
+        "token", help="make a bearer token and print it with its credentials-file entry (docs/security.md)"
+    )
+    token.add_argument("--name", required=True, help="who the token is for (shown in audit lines)")
+    token.add_argument("--tenant", default="default", help="the tenant (default: default)")
+    token.add_argument("--role", default="writer", help="reader, writer or admin (default: writer)")
+    token.set_defaults(run=_token)
     return parser
 
 

@@ -24,5 +24,13 @@ class FailedPrecondition(ServiceError):
     pass
 
 
+class PermissionDenied(ServiceError):
+    """The caller is known but its role or tenant does not allow the call."""
+
+
+class ResourceExhausted(ServiceError):
+    """A quota or a per-request bound; the message names the limit."""
+
+
 class Unavailable(ServiceError):
     """The database cannot be reached or is busy; the call may be retried."""

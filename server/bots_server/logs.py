@@ -19,6 +19,8 @@ from typing import Any
 # A contextvar rather than a thread-local: many calls interleave on one event
 # loop thread, each in its own asyncio task (and so its own context).
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("bots_request_id", default=None)
+# Who made that call ("name@tenant"), once authenticated; None without auth.
+principal: contextvars.ContextVar[str | None] = contextvars.ContextVar("bots_principal_label", default=None)
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
 
@@ -28,12 +30,15 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class RequestIdFilter(logging.Filter):
-    """Adds `request_id` to records logged inside a gRPC call."""
+    """Adds `request_id` and `principal` to records logged inside a gRPC call."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         rid = request_id.get()
         if rid is not None and not hasattr(record, "request_id"):
             record.request_id = rid
+        who = principal.get()
+        if who is not None and not hasattr(record, "principal"):
+            record.principal = who
         return True
 
 
@@ -66,10 +71,18 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def configure(level: str, fmt: str) -> None:
+AUDIT_LEVELS = ("all", "experiments", "off")
+
+
+def configure(level: str, fmt: str, audit: str = "all") -> None:
+    """`audit`: which audit lines to keep (core/audit.py): all, experiments
+    (no line per training step) or off."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    quiet = logging.WARNING
+    logging.getLogger("bots_server.audit").setLevel(quiet if audit == "off" else logging.NOTSET)
+    logging.getLogger("bots_server.audit.steps").setLevel(quiet if audit != "all" else logging.NOTSET)

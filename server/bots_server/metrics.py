@@ -188,6 +188,11 @@ class ExperimentMetrics(SelectorObserver, Collector):
             self.tasks_reported, self.tasks_informative, self.rollouts, self.successes, self.batch_success_rate,
             self.batch_informative, self.capability, self.checkpoint_last_seconds, self.checkpoint_timestamp,
         )  # fmt: skip
+        self.evictions = Counter(
+            "bots_experiment_evictions_total",
+            "Idle experiments dropped from memory to keep within the memory budget (--memory-budget-mb).",
+            registry=registry,
+        )
         self._views: dict[str, _ExperimentView] = {}
         # Deleted experiments whose late hooks (queued before the delete, run
         # after it on another thread) must not bring their series back.
@@ -279,6 +284,16 @@ class ExperimentMetrics(SelectorObserver, Collector):
     def tasks_added(self, experiment: str, num_tasks: int) -> None:
         if not self._gone(experiment):
             self.tasks.labels(experiment).set(num_tasks)
+
+    def experiment_evicted(self, experiment: str) -> None:
+        # Let go of its posterior arrays (the memory the eviction frees); its
+        # step, pool and lease series stay, the posterior summary returns
+        # with the next load.
+        self.evictions.inc()
+        with self._lock:
+            view = self._views.get(experiment)
+            if view is not None:
+                view.posterior = None
 
     def experiment_removed(self, experiment: str) -> None:
         with self._lock:
@@ -379,6 +394,18 @@ class Metrics:
             "bots_event_loop_lag_seconds",
             "How late the event loop ran a timer: time the loop was blocked and calls waited.",
             buckets=LOOP_LAG_BUCKETS,
+            registry=self.registry,
+        )
+        # Bounded: tenants are those of the credentials file.
+        self.tenant_calls = Counter(
+            "bots_tenant_calls_total",
+            "Authenticated calls by the caller's tenant, method and status code.",
+            ("tenant", "grpc_method", "grpc_code"),
+            registry=self.registry,
+        )
+        self.loaded_bytes = Gauge(
+            "bots_loaded_experiments_bytes",
+            "Estimated memory of the experiments held in memory, which --memory-budget-mb bounds.",
             registry=self.registry,
         )
         self._http: WSGIServer | None = None

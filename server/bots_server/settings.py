@@ -10,6 +10,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from bots_server import logs
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -69,10 +71,56 @@ SETTINGS = (
         "HOST:PORT of a plaintext port serving only the gRPC health service (for probes when the main port is TLS)",
     ),
     Setting(
+        "--credentials-file",
+        "BOTS_CREDENTIALS_FILE",
+        "",
+        "TOML file of principals (tenant, role, hashed token or certificate identity) and tenant quotas; "
+        "re-read when it changes and on SIGHUP (docs/security.md)",
+    ),
+    Setting(
+        "--max-experiments-per-tenant",
+        "BOTS_MAX_EXPERIMENTS_PER_TENANT",
+        "1000",
+        "quota: experiments one tenant may hold (0: no limit; the credentials file may set it per tenant)",
+    ),
+    Setting(
+        "--max-tasks-per-experiment",
+        "BOTS_MAX_TASKS_PER_EXPERIMENT",
+        "2000000",
+        "quota: tasks one experiment may hold (0: no limit)",
+    ),
+    Setting(
+        "--max-tasks-per-tenant",
+        "BOTS_MAX_TASKS_PER_TENANT",
+        "20000000",
+        "quota: tasks all of one tenant's experiments may hold together (0: no limit)",
+    ),
+    Setting(
+        "--max-stream-tasks",
+        "BOTS_MAX_STREAM_TASKS",
+        "1000000",
+        "tasks one AddTasks or RestoreExperiment stream may carry",
+    ),
+    Setting("--max-stream-mb", "BOTS_MAX_STREAM_MB", "256", "megabytes one AddTasks or RestoreExperiment stream may carry"),
+    Setting(
+        "--memory-budget-mb",
+        "BOTS_MEMORY_BUDGET_MB",
+        "1024",
+        "memory for experiments held in memory: over it, idle ones are dropped and rebuilt from the database "
+        "on their next call (0: no budget)",
+    ),
+    Setting(
+        "--audit-log",
+        "BOTS_AUDIT_LOG",
+        "all",
+        "audit lines (INFO, with the principal): all, experiments (no line per training step) or off",
+    ),
+    Setting(
         "--auth-tokens-file",
         "BOTS_AUTH_TOKENS_FILE",
         "",
-        "file of bearer tokens, one per line; callers must send one (health and reflection stay open)",
+        "file of bearer tokens, one per line, each an admin of the default tenant; callers must send one "
+        "(health and reflection stay open)",
     ),
 )
 
@@ -106,6 +154,18 @@ class ServerSettings:
     tls_key: str = ""
     tls_client_ca: str = ""
     health_listen: str = ""
+    credentials_file: str = ""
+    max_experiments_per_tenant: int = 1000
+    max_tasks_per_experiment: int = 2_000_000
+    max_tasks_per_tenant: int = 20_000_000
+    max_stream_tasks: int = 1_000_000
+    max_stream_mb: float = 256.0
+    memory_budget_mb: float = 1024.0
+    audit_log: str = "all"
+
+    @property
+    def auth(self) -> bool:
+        return bool(self.auth_tokens or self.credentials_file)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +194,20 @@ def auth_tokens(env_value: str, file: str) -> frozenset[str]:
     return frozenset(tokens)
 
 
+def _count(text: str, what: str, zero: bool = True) -> int:
+    value = int(text)
+    if value < (0 if zero else 1):
+        raise ValueError(f"{what} = {text!r} must be {'>= 0' if zero else '>= 1'}")
+    return value
+
+
+def _amount(text: str, what: str, zero: bool = True) -> float:
+    value = float(text)
+    if not value >= (0 if zero else 1e-6):  # also NaN
+        raise ValueError(f"{what} = {text!r} must be {'>= 0' if zero else '> 0'}")
+    return value
+
+
 def from_args(args: argparse.Namespace) -> ServerSettings:
     migrate = str(args.migrate).lower()
     if migrate not in ("true", "false", "1", "0", "yes", "no"):
@@ -146,6 +220,8 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--tls-cert and --tls-key (BOTS_TLS_CERT, BOTS_TLS_KEY): set both or neither")
     if args.tls_client_ca and not args.tls_cert:
         raise SystemExit("--tls-client-ca (BOTS_TLS_CLIENT_CA) needs --tls-cert and --tls-key")
+    if args.audit_log not in logs.AUDIT_LEVELS:
+        raise SystemExit(f"--audit-log / BOTS_AUDIT_LOG = {args.audit_log!r}: expected one of {', '.join(logs.AUDIT_LEVELS)}")
     if args.health_listen.strip():
         split_host_port(args.health_listen.strip(), "--health-listen / BOTS_HEALTH_LISTEN")
     metrics_listen = args.metrics_listen.strip()
@@ -170,6 +246,14 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
             health_listen=args.health_listen.strip(),
+            credentials_file=args.credentials_file,
+            max_experiments_per_tenant=_count(args.max_experiments_per_tenant, "--max-experiments-per-tenant"),
+            max_tasks_per_experiment=_count(args.max_tasks_per_experiment, "--max-tasks-per-experiment"),
+            max_tasks_per_tenant=_count(args.max_tasks_per_tenant, "--max-tasks-per-tenant"),
+            max_stream_tasks=_count(args.max_stream_tasks, "--max-stream-tasks", zero=False),
+            max_stream_mb=_amount(args.max_stream_mb, "--max-stream-mb", zero=False),
+            memory_budget_mb=_amount(args.memory_budget_mb, "--memory-budget-mb"),
+            audit_log=args.audit_log,
         )
     except ValueError as e:
         raise SystemExit(f"bad setting: {e}") from e

@@ -4,14 +4,13 @@ applying their reports (one step each, acknowledged once committed)."""
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import math
 import uuid
 from collections.abc import Sequence
 
 import numpy as np
 
-from bots_server.core import validation
+from bots_server.core import audit, validation
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Batch, Outcome, ReportResult
 from bots_server.core.experiment import LiveExperiment
@@ -20,8 +19,6 @@ from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
 from bots_server.engine import apply_outcomes, batch_signals, select, step_rng
 from bots_server.errors import FailedPrecondition, InvalidArgument, NotFound
 from bots_server.store import BatchAlreadyReported, BatchRow, LeaseConflict, Lookup, StaleStep, StepEvent
-
-log = logging.getLogger(__name__)
 
 
 class Batches:
@@ -65,7 +62,7 @@ class Batches:
                 if stored.batch_id != row.batch_id:  # a racing call with the same key won
                     return _same_request(live, stored, batch_size)
                 rt.notify(rt.observer.batch_selected, name, row.batch_id, batch_size, row.lease_expire_time.timestamp())
-                log.debug(
+                audit.steps.info(
                     "batch selected",
                     extra={"experiment": name, "batch_id": row.batch_id, "step": live.step, "batch_size": batch_size},
                 )
@@ -123,7 +120,7 @@ class Batches:
                 signals = batch_signals(successes, trials)
                 view = PosteriorView.of(event.step, result.state, live.config.target_success)
                 rt.notify(rt.observer.report_applied, name, batch_id, signals, view)
-                log.info(
+                audit.steps.info(
                     "report applied",
                     extra={"experiment": name, "step": event.step, "batch_id": batch_id, "tasks": len(task_idx)},
                 )

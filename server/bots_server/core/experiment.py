@@ -15,6 +15,10 @@ from bots_server.core.domain import ExperimentConfig
 from bots_server.engine import PosteriorState, apply_outcomes
 from bots_server.store import LoadedRows, StepEvent
 
+# Per task key beyond its characters: the str object (49 bytes), its slot in
+# `keys` (8), its entry in `index` with the int it maps to (about 80).
+BYTES_PER_KEY = 137
+
 
 @dataclass
 class LiveExperiment:
@@ -36,6 +40,14 @@ class LiveExperiment:
     checkpoint_step: int
     checkpoint_time: float = field(default_factory=time.monotonic)
     checkpoint_task: asyncio.Task[None] | None = None
+    key_characters: int = 0  # of every key, for memory_bytes
+
+    def memory_bytes(self) -> int:
+        """About how much memory this experiment holds: its arrays, plus each
+        key as a str in `keys` and in `index` (docs/operations.md measures
+        the per-key figure)."""
+        arrays = sum(a.nbytes for a in vars(self.state).values() if isinstance(a, np.ndarray))
+        return arrays + self.num_tasks * BYTES_PER_KEY + self.key_characters
 
     @property
     def num_tasks(self) -> int:
@@ -55,6 +67,7 @@ class LiveExperiment:
     def append_tasks(self, keys: Sequence[str], weak: np.ndarray, strong: np.ndarray) -> None:
         """New tasks at the prior; `weak`/`strong` their reference pass rates (NaN: none)."""
         start = len(self.keys)
+        self.key_characters += sum(map(len, keys))
         self.keys.extend(keys)
         self.index.update((key, start + i) for i, key in enumerate(keys))
         self.state = self.state.extended(self.config, weak, strong)

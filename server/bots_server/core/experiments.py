@@ -3,31 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 
-from bots_server.core import validation
+from bots_server.core import audit, tenancy, validation
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
+from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import Runtime
 from bots_server.errors import NotFound
 from bots_server.store import ExperimentCopy, ExperimentRow
-
-log = logging.getLogger(__name__)
 
 DEFAULT_PAGE_SIZE = 100
 
 
 class Experiments:
-    def __init__(self, runtime: Runtime, checkpoints: Checkpoints) -> None:
+    def __init__(self, runtime: Runtime, checkpoints: Checkpoints, quotas: QuotaCheck) -> None:
         self.runtime = runtime
         self.checkpoints = checkpoints
+        self.quotas = quotas
 
     async def create(self, name: str, config: ExperimentConfig) -> Experiment:
         validation.experiment_name(name)
         validation.config(config)
+        await self.quotas.new_experiment(name, 0)
         rt = self.runtime
-        row = await rt.db(rt.store.create_experiment, name, config.to_dict(), rt.clock())
-        log.info("experiment created", extra={"experiment": name, "config": config.to_dict()})
+        row = await rt.db(rt.store.create_experiment, name, config.to_dict(), rt.clock(), tenancy.tenant_of(name))
+        audit.experiments.info("experiment created", extra={"experiment": name, "config": config.to_dict()})
         return summary(row, open_batches=0)
 
     async def get(self, name: str) -> Experiment:
@@ -38,11 +38,12 @@ class Experiments:
             raise NotFound(f"experiment {name!r} not found")
         return summary(row, await rt.db(rt.store.count_open_batches, row.id, rt.clock()))
 
-    async def list(self, page_size: int, page_token: str) -> tuple[list[Experiment], str]:
+    async def list(self, page_size: int, page_token: str, tenant: str | None = None) -> tuple[list[Experiment], str]:
+        """A page of experiments by stored name: `tenant`'s, or every tenant's (None)."""
         validation.page(page_size, page_token)
         limit = page_size or DEFAULT_PAGE_SIZE
         rt = self.runtime
-        rows = await rt.db(rt.store.list_experiments, page_token, limit)
+        rows = await rt.db(rt.store.list_experiments, page_token, limit, tenant)
         now = rt.clock()
         result = [summary(row, await rt.db(rt.store.count_open_batches, row.id, now)) for row in rows]
         next_token = rows[-1].name if len(rows) == limit else ""
@@ -60,7 +61,7 @@ class Experiments:
                 self.checkpoints.cancel(live)
             await rt.db(rt.store.delete_experiment, row.id)
             rt.forget(name)
-        log.info("experiment deleted", extra={"experiment": name})
+        audit.experiments.info("experiment deleted", extra={"experiment": name})
 
     async def fork(self, source: str, name: str, config: ExperimentConfig | None) -> Experiment:
         """A new experiment with the source's tasks, current posterior and step."""
@@ -71,6 +72,7 @@ class Experiments:
         rt = self.runtime
         async with rt.locked(source):
             live, _ = await rt.ready(source)
+            await self.quotas.new_experiment(name, live.num_tasks)
             state = live.state
             copy = ExperimentCopy(
                 name=name,
@@ -81,9 +83,10 @@ class Experiments:
                 beta=state.beta,
                 forked_from=source,
                 source_id=live.id,
+                tenant=tenancy.tenant_of(name),
             )
             row = await rt.db(rt.store.create_copy, copy, rt.clock())
-        log.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
+        audit.experiments.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
         return summary(row, open_batches=0)
 
     async def restore(self, data: RestoreData) -> Experiment:
@@ -102,6 +105,7 @@ class Experiments:
             data.features,
             data.capability,
         )
+        await self.quotas.new_experiment(data.name, len(data.keys))
         copy = ExperimentCopy(
             name=data.name,
             config=data.config.to_dict(),
@@ -112,9 +116,10 @@ class Experiments:
             forked_from=data.source or "snapshot",
             keys=data.keys,
             features=data.features,
+            tenant=tenancy.tenant_of(data.name),
         )
         row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
-        log.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
+        audit.experiments.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
         return summary(row, open_batches=0)
 
     async def snapshot(self, name: str, include_features: bool = False) -> Snapshot:

@@ -9,10 +9,18 @@ import re
 # Strings. None may contain NUL (PostgreSQL's text cannot hold it).
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # experiment names
 MAX_NAME_LENGTH = 128
+# Tenants (core/tenancy.py): a DNS label, so it fits in URLs, metric labels
+# and Kubernetes names unchanged.
+TENANT_PATTERN = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+MAX_TENANT_LENGTH = 63
+# An experiment's name in the store: "tenant/name", or the plain name in the
+# default tenant (experiments.name, which holds MAX_NAME_LENGTH characters:
+# a tenant's prefix counts against them).
+STORED_NAME_PATTERN = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?/)?[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_KEY_LENGTH = 1024  # tasks.key
 MAX_REQUEST_KEY_LENGTH = 256  # batches.request_key
 MAX_BATCH_ID_LENGTH = 64  # batches.batch_id
-MAX_SOURCE_LENGTH = 256  # experiments.forked_from
+MAX_SOURCE_LENGTH = 256  # experiments.forked_from: a stored name or a caller's text
 MAX_FEATURE_NAME_LENGTH = 256
 # Reference feature names are read with SQL JSON paths: printable ASCII
 # without double quote and backslash.

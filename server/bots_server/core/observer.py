@@ -56,3 +56,7 @@ class SelectorObserver:
     def experiment_removed(self, experiment: str) -> None:
         """An experiment was deleted (here or on another replica); drop its series."""
 
+    def experiment_evicted(self, experiment: str) -> None:
+        """An idle experiment left memory (the memory budget); it stays in the
+        store, so its series stay."""
+

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
-from bots_server.core import validation
+from bots_server.core import audit, validation
 from bots_server.core.domain import Task
+from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
 from bots_server.errors import AlreadyExists
 from bots_server.store import StaleStep
 
-log = logging.getLogger(__name__)
-
 
 class Pool:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, quotas: QuotaCheck) -> None:
         self.runtime = runtime
+        self.quotas = quotas
 
     async def add_tasks(self, name: str, tasks: Sequence[Task]) -> tuple[int, int]:
         """Add tasks at the prior, all or nothing. Returns (added, tasks in the experiment)."""
@@ -31,6 +30,7 @@ class Pool:
                 taken = [key for key in keys if key in live.index]
                 if taken:
                     raise _already_has(name, taken)
+                await self.quotas.more_tasks(name, live.num_tasks, len(keys))
                 try:
                     await rt.db_write_unless_cancelled(rt.store.add_tasks, live.id, live.num_tasks, keys, features)
                 except StaleStep:
@@ -38,7 +38,7 @@ class Pool:
                     continue
                 await rt.run(live.append_tasks, keys, *live.reference_rates(features))
                 rt.notify(rt.observer.tasks_added, name, live.num_tasks)
-                log.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
+                audit.experiments.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
                 return len(keys), live.num_tasks
             raise contended(name)
 

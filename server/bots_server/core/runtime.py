@@ -52,12 +52,16 @@ class Runtime:
         clock: Callable[[], dt.datetime],
         observer: SelectorObserver,
         database_timeout_s: float,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self.store = store
+        self.memory_budget_bytes = memory_budget_bytes
         self.database = DatabaseHealth(store, database_timeout_s)
         self.observer = observer
         self.clock = clock
+        # Least recently used first (see _evict_idle).
         self.live: dict[str, LiveExperiment] = {}
+        self.evictions = 0
         self._locks: dict[str, _NamedLock] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
 
@@ -114,8 +118,9 @@ class Runtime:
         """The experiment, rebuilt from the store if not in memory, and caught
         up with whatever other replicas committed; with the rows `lookup` asks
         for, from the same read. Call under the experiment's lock."""
-        live = self.live.get(name)
+        live = self.live.pop(name, None)
         if live is not None:
+            self.live[name] = live  # now the most recently used
             try:
                 return live, await self.catch_up(live, lookup)
             except NotFound:
@@ -130,6 +135,7 @@ class Runtime:
             raise NotFound(f"experiment {name!r} not found")
         live = await self.run(LiveExperiment.rebuild, rows, config)
         self.live[name] = live
+        self._evict_idle()
         seconds = time.perf_counter() - started
         self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state, live.config.target_success), seconds)
         log.info(
@@ -159,6 +165,32 @@ class Runtime:
         if rows.keys or rows.events:
             await self.run(live.catch_up, rows)
         return rows
+
+    def _evict_idle(self) -> None:
+        """Over the memory budget, drop the least recently used experiments
+        that no call is using (holding or awaiting their lock). They stay in
+        the store and are rebuilt on their next call, bit-identical: a
+        rebuild is the checkpoint plus a replay of the committed events, as
+        after a restart. The experiment just loaded (the most recent) stays,
+        even alone over the budget."""
+        budget = self.memory_budget_bytes
+        if budget is None:
+            return
+        total = sum(live.memory_bytes() for live in self.live.values())
+        for name in list(self.live)[:-1]:
+            if total <= budget:
+                break
+            if name in self._locks:
+                continue
+            live = self.live.pop(name)
+            total -= live.memory_bytes()
+            self.evictions += 1
+            self.notify(self.observer.experiment_evicted, name)
+            log.info("experiment evicted", extra={"experiment": name, "step": live.step, "num_tasks": live.num_tasks})
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(live.memory_bytes() for live in self.live.values())
 
     def forget(self, name: str) -> LiveExperiment | None:
         """Drop an experiment (deleted here or elsewhere) from memory and metrics."""

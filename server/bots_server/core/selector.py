@@ -14,6 +14,7 @@ from bots_server.core.checkpoints import CheckpointPolicy, Checkpoints
 from bots_server.core.experiments import Experiments
 from bots_server.core.observer import SelectorObserver
 from bots_server.core.pool import Pool
+from bots_server.core.quotas import UNLIMITED, QuotaCheck, QuotasOf
 from bots_server.core.runtime import Runtime, utcnow
 from bots_server.store import Store
 
@@ -30,6 +31,8 @@ class SelectorService:
         clock: Callable[[], dt.datetime] = utcnow,
         observer: SelectorObserver | None = None,
         database_timeout_s: float = 5.0,
+        quotas_of: QuotasOf = lambda tenant: UNLIMITED,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.runtime = Runtime(
@@ -38,10 +41,12 @@ class SelectorService:
             clock=clock,
             observer=observer or SelectorObserver(),
             database_timeout_s=database_timeout_s,
+            memory_budget_bytes=memory_budget_bytes,
         )
         self.checkpoints = Checkpoints(self.runtime, checkpoint_policy)
-        self.experiments = Experiments(self.runtime, self.checkpoints)
-        self.pool = Pool(self.runtime)
+        quotas = QuotaCheck(self.runtime, quotas_of)
+        self.experiments = Experiments(self.runtime, self.checkpoints, quotas)
+        self.pool = Pool(self.runtime, quotas)
         self.batches = Batches(self.runtime, self.checkpoints)
 
     async def close(self) -> None:

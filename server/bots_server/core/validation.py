@@ -23,10 +23,12 @@ def text(what: str, value: str, max_length: int, *, empty: bool = True) -> None:
 
 
 def experiment_name(name: str, what: str = "experiment name") -> None:
-    if not limits.NAME_PATTERN.fullmatch(name):
+    """A stored name (core/tenancy.py): the service resolved the caller's
+    reference to it; this guards the core's own callers."""
+    if len(name) > limits.MAX_NAME_LENGTH or not limits.STORED_NAME_PATTERN.fullmatch(name):
         raise InvalidArgument(
             f"{what} {shown(name)} is invalid: use 1-{limits.MAX_NAME_LENGTH} characters from A-Z a-z 0-9 . _ -, "
-            "starting with a letter or digit"
+            "starting with a letter or digit, optionally after 'tenant/'"
         )
 
 

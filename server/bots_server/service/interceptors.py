@@ -1,4 +1,5 @@
-"""grpc.aio server interceptors: request ids, per-RPC metrics, bearer-token auth.
+"""grpc.aio server interceptors: request ids and per-RPC metrics; and the
+wrapping every interceptor uses. Auth is in service/auth.py.
 
 Order matters; BotsServer installs them as
 
@@ -15,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -32,16 +32,7 @@ from bots_server.service.rpc_names import GO_CODE_NAMES, grpc_type, split_method
 log = logging.getLogger(__name__)
 
 REQUEST_ID_KEY = "x-request-id"
-AUTHORIZATION_KEY = "authorization"
-# Methods anyone may call: the kubelet's probes and load balancers do not
-# carry tokens, and reflection only describes the API.
-AUTH_EXEMPT_PREFIXES = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
 _MAX_REQUEST_ID_LEN = 128
-_AUTH_LOG_INTERVAL_S = 60.0
 
 Around = Callable[[grpc.aio.ServicerContext], contextlib.AbstractAsyncContextManager[None]]
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -119,7 +110,7 @@ def _nothing() -> None:
     pass
 
 
-def _metadata(details: grpc.HandlerCallDetails, key: str) -> str | None:
+def metadata_value(details: grpc.HandlerCallDetails, key: str) -> str | None:
     for k, v in details.invocation_metadata or ():
         if k == key:
             return v if isinstance(v, str) else None
@@ -154,7 +145,7 @@ class RequestIdInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        given = _metadata(handler_call_details, REQUEST_ID_KEY)
+        given = metadata_value(handler_call_details, REQUEST_ID_KEY)
         # Ids from callers end up in log lines: keep them short and printable.
         valid = given is not None and 0 < len(given) <= _MAX_REQUEST_ID_LEN and given.isprintable()
 
@@ -210,64 +201,3 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         received = metrics.msg_received.labels(*labels).inc
         sent = metrics.msg_sent.labels(*labels).inc
         return wrap_handler(handler, around, on_request=received, on_response=sent)
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` with one of the configured
-    tokens on every method but health and reflection."""
-
-    def __init__(self, tokens: Iterable[str]) -> None:
-        self._tokens = tuple(t.encode() for t in tokens)
-        if not self._tokens:
-            raise ValueError("AuthInterceptor needs at least one token")
-        self._rejected = 0
-        self._last_log = -_AUTH_LOG_INTERVAL_S
-
-    def _valid(self, header: str | None) -> bool:
-        if header is None:
-            return False
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return False
-        given = token.strip().encode()
-        # Compare against every token without stopping early: the time taken
-        # tells nothing about which token (or prefix) was close.
-        matches = [hmac.compare_digest(given, t) for t in self._tokens]
-        return any(matches)
-
-    async def intercept_service(  # type: ignore[override]  # None for unknown methods: the stubs omit it
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        method: str = handler_call_details.method
-        if method.startswith(AUTH_EXEMPT_PREFIXES):
-            return await continuation(handler_call_details)
-        header = _metadata(handler_call_details, AUTHORIZATION_KEY)
-        if self._valid(header):
-            return await continuation(handler_call_details)
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        reason = "missing bearer token" if header is None else "invalid bearer token"
-
-        @contextlib.asynccontextmanager
-        async def reject(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-            self._note_rejection(method, reason)
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"{method}: {reason}; send metadata 'authorization: Bearer <token>' with a token the server accepts",
-            )
-            yield  # unreachable: abort raises
-
-        return wrap_handler(handler, reject)
-
-    def _note_rejection(self, method: str, reason: str) -> None:
-        # A misconfigured trainer retries in a loop: one WARNING a minute with
-        # the count, not one per call (the metrics count every call).
-        self._rejected += 1
-        now = time.monotonic()
-        if now - self._last_log >= _AUTH_LOG_INTERVAL_S:
-            log.warning(
-                "rejected unauthenticated calls",
-                extra={"method": method, "reason": reason, "rejected_since_last_log": self._rejected},
-            )
-            self._rejected, self._last_log = 0, now

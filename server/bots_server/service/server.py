@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -19,10 +20,13 @@ from grpc_reflection.v1alpha import reflection
 
 import bots_server
 from bots_client.proto import bots_pb2
+from bots_server.core.quotas import Quotas, StreamBounds
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.metrics import Metrics
 from bots_server.service import handlers, tls
-from bots_server.service.interceptors import AuthInterceptor, MetricsInterceptor, RequestIdInterceptor
+from bots_server.service.auth import AuthInterceptor
+from bots_server.service.credentials import Credentials, CredentialsFile, static_credentials
+from bots_server.service.interceptors import MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
 from bots_server.service.servicer import TaskSelectorServicer
 from bots_server.settings import ServerSettings, split_host_port
@@ -38,6 +42,7 @@ READINESS_SERVICE = SERVICE_NAME
 # No SO_REUSEPORT (grpc's default): a second server on a port in use must
 # fail, not silently take part of the new connections.
 _NO_REUSEPORT = (("grpc.so_reuseport", 0),)
+_MB = 1024 * 1024
 
 
 def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -60,21 +65,28 @@ class BotsServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.metrics = Metrics(version=bots_server.__version__)
+        self.credentials_file, credentials = _credentials(settings)
         self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)
+        default_quotas = _default_quotas(settings)
         self.selector = SelectorService(
             self.store,
             checkpoint_policy=CheckpointPolicy(settings.checkpoint_every_steps, settings.checkpoint_every_seconds),
             max_workers=settings.workers,
             observer=self.metrics.observer,
             database_timeout_s=settings.database_timeout_seconds,
+            quotas_of=(lambda tenant: credentials().quotas(tenant)) if credentials else (lambda tenant: default_quotas),
+            memory_budget_bytes=int(settings.memory_budget_mb * _MB) or None,
         )
+        runtime = self.selector.runtime
+        self.metrics.loaded_bytes.set_function(lambda: runtime.memory_bytes)
         self.health = HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(self.metrics.rpc)]
-        if settings.auth_tokens:
-            interceptors.append(AuthInterceptor(settings.auth_tokens))
+        if credentials is not None:
+            interceptors.append(AuthInterceptor(credentials, self.metrics.tenant_calls))
         self.server = grpc.aio.server(interceptors=interceptors, options=_NO_REUSEPORT)
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
-        handlers.register(self.server, TaskSelectorServicer(self.selector))
+        bounds = StreamBounds(max_tasks=settings.max_stream_tasks, max_bytes=int(settings.max_stream_mb * _MB))
+        handlers.register(self.server, TaskSelectorServicer(self.selector, bounds))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -109,6 +121,8 @@ class BotsServer:
             asyncio.create_task(self.metrics.watch_event_loop(), name="event-loop-lag"),
             asyncio.create_task(self._publish_stored_experiments(), name="metrics-listing"),
         ]
+        if self.credentials_file is not None:
+            self._tasks.append(asyncio.create_task(self.credentials_file.watch(), name="credentials-reload"))
         log.info(
             "serving",
             extra={
@@ -119,10 +133,16 @@ class BotsServer:
                 "health_port": self.health_port,
                 "metrics_listen": self.settings.metrics_listen,
                 "metrics_port": self.metrics_port,
-                "auth": bool(self.settings.auth_tokens),
+                "auth": self.settings.auth,
+                "credentials_file": self.settings.credentials_file,
                 "db": self.store.display_url,
             },
         )
+
+    def reload_credentials(self) -> None:
+        """SIGHUP: re-read the credentials file now."""
+        if self.credentials_file is not None:
+            self.credentials_file.reload(force=True)
 
     async def _publish_stored_experiments(self) -> None:
         """Per-experiment gauges from start-up for the experiments in the store
@@ -177,6 +197,30 @@ class BotsServer:
         log.info("stopped")
 
 
+def _default_quotas(settings: ServerSettings) -> Quotas:
+    return Quotas(  # 0: no limit
+        max_experiments=settings.max_experiments_per_tenant or None,
+        max_tasks_per_experiment=settings.max_tasks_per_experiment or None,
+        max_tasks=settings.max_tasks_per_tenant or None,
+    )
+
+
+def _credentials(settings: ServerSettings) -> tuple[CredentialsFile | None, Callable[[], Credentials] | None]:
+    """The credentials file (if any), and how to get the credentials in
+    force; (None, None): no authentication (a single-user local server)."""
+    quotas = _default_quotas(settings)
+    if settings.credentials_file:
+        try:
+            source = CredentialsFile(settings.credentials_file, quotas, settings.auth_tokens)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"bots-server: --credentials-file = {settings.credentials_file!r}: {e}") from None
+        return source, lambda: source.current
+    if settings.auth_tokens:
+        static = static_credentials(settings.auth_tokens, quotas)
+        return None, lambda: static
+    return None, None
+
+
 async def serve(settings: ServerSettings) -> None:
     try:
         server = BotsServer(settings)
@@ -187,5 +231,6 @@ async def serve(settings: ServerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_credentials)
     await stop.wait()
     await server.stop()

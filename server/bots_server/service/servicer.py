@@ -1,5 +1,11 @@
 """The TaskSelector servicer: converts messages and delegates to the core.
-No SQL, no numpy."""
+No SQL, no numpy.
+
+Converting includes names: the caller's experiment names resolve to stored
+names in its tenant (core/tenancy.py), and stored names go back out as the
+caller names them. Request streams are cut off at their bounds as they
+arrive, before the server holds more than the bound.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,12 @@ import grpc
 
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from bots_server.core.domain import RestoreData, Snapshot
+from bots_server.core import tenancy
+from bots_server.core.domain import Experiment, RestoreData, Snapshot
 from bots_server.core.limits import shown
+from bots_server.core.quotas import DEFAULT_STREAM_BOUNDS, StreamBounds
 from bots_server.core.selector import SelectorService
-from bots_server.errors import InvalidArgument
+from bots_server.errors import InvalidArgument, ResourceExhausted
 from bots_server.service import convert
 from bots_server.service.status import server_streaming, unary
 
@@ -22,21 +30,56 @@ _PER_TASK_OVERHEAD = 24  # two doubles and framing
 _PER_FEATURE_OVERHEAD = 16  # a double and map-entry framing
 
 
+def _name(reference: str, what: str = "experiment name") -> str:
+    """The stored name of the experiment the caller means."""
+    return tenancy.resolve(tenancy.current.get(), reference, what)
+
+
+def _shown(experiment: Experiment) -> pb.Experiment:
+    message = convert.experiment_to_proto(experiment)
+    message.name = tenancy.shown_to(tenancy.current.get(), experiment.name)
+    return message
+
+
+class _StreamBudget:
+    """Counts a request stream's tasks and bytes against its bounds."""
+
+    def __init__(self, method: str, bounds: StreamBounds) -> None:
+        self.method, self.bounds = method, bounds
+        self.tasks = self.bytes = 0
+
+    def take(self, message: pb.AddTasksRequest | pb.RestoreExperimentRequest, tasks: int) -> None:
+        self.tasks += tasks
+        self.bytes += message.ByteSize()
+        if self.tasks > self.bounds.max_tasks:
+            raise ResourceExhausted(
+                f"{self.method}: the stream carries more than {self.bounds.max_tasks} tasks (--max-stream-tasks); "
+                "send them in several calls; nothing was written"
+            )
+        if self.bytes > self.bounds.max_bytes:
+            raise ResourceExhausted(
+                f"{self.method}: the stream carries more than {self.bounds.max_bytes} bytes (--max-stream-mb); "
+                "send them in several calls; nothing was written"
+            )
+
+
 class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
-    def __init__(self, core: SelectorService) -> None:
+    def __init__(self, core: SelectorService, stream_bounds: StreamBounds = DEFAULT_STREAM_BOUNDS) -> None:
         self.core = core
+        self.stream_bounds = stream_bounds
 
     @unary
     async def CreateExperiment(
         self, request: pb.CreateExperimentRequest, context: grpc.aio.ServicerContext
     ) -> pb.Experiment:
         config = convert.config_from_proto(request.config)
-        return convert.experiment_to_proto(await self.core.experiments.create(request.name, config))
+        return _shown(await self.core.experiments.create(_name(request.name), config))
 
     @unary
     async def ForkExperiment(self, request: pb.ForkExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
         config = convert.config_from_proto(request.config) if request.HasField("config") else None
-        return convert.experiment_to_proto(await self.core.experiments.fork(request.source, request.name, config))
+        source = _name(request.source, "source experiment name")
+        return _shown(await self.core.experiments.fork(source, _name(request.name), config))
 
     @unary
     async def RestoreExperiment(
@@ -47,11 +90,15 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         alpha: list[float] = []
         beta: list[float] = []
         features: list[dict[str, float]] = []
+        budget = _StreamBudget("RestoreExperiment", self.stream_bounds)
+        name = ""
         async for chunk in request_iterator:
             if first is None:
                 first = chunk
                 if not chunk.name:
                     raise InvalidArgument("RestoreExperiment: the first message must name the new experiment")
+                name = _name(chunk.name)
+            budget.take(chunk, len(chunk.keys))
             keys.extend(chunk.keys)
             alpha.extend(chunk.alpha)
             beta.extend(chunk.beta)
@@ -60,7 +107,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             raise InvalidArgument("RestoreExperiment: empty stream")
         _check_complete("RestoreExperiment", first, len(keys))
         data = RestoreData(
-            name=first.name,
+            name=name,
             config=convert.config_from_proto(first.config),
             step=first.step,
             capability=first.capability if first.HasField("capability") else None,
@@ -70,26 +117,27 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             beta=beta,
             features=features,
         )
-        return convert.experiment_to_proto(await self.core.experiments.restore(data))
+        return _shown(await self.core.experiments.restore(data))
 
     @unary
     async def GetExperiment(self, request: pb.GetExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
-        return convert.experiment_to_proto(await self.core.experiments.get(request.name))
+        return _shown(await self.core.experiments.get(_name(request.name)))
 
     @unary
     async def ListExperiments(
         self, request: pb.ListExperimentsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListExperimentsResponse:
-        experiments, token = await self.core.experiments.list(request.page_size, request.page_token)
-        return pb.ListExperimentsResponse(
-            experiments=[convert.experiment_to_proto(e) for e in experiments], next_page_token=token
-        )
+        principal = tenancy.current.get()
+        # An admin sees every tenant's experiments, everyone else its own.
+        tenant = None if principal.role >= tenancy.Role.ADMIN else principal.tenant
+        experiments, token = await self.core.experiments.list(request.page_size, request.page_token, tenant)
+        return pb.ListExperimentsResponse(experiments=[_shown(e) for e in experiments], next_page_token=token)
 
     @unary
     async def DeleteExperiment(
         self, request: pb.DeleteExperimentRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteExperimentResponse:
-        await self.core.experiments.delete(request.name)
+        await self.core.experiments.delete(_name(request.name))
         return pb.DeleteExperimentResponse()
 
     @unary
@@ -98,26 +146,29 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
     ) -> pb.AddTasksResponse:
         first: pb.AddTasksRequest | None = None
         tasks = []
+        budget = _StreamBudget("AddTasks", self.stream_bounds)
+        name = ""
         async for chunk in request_iterator:
             if first is None:
                 first = chunk
                 if not chunk.experiment:
                     raise InvalidArgument("AddTasks: the first message must name the experiment")
+                name = _name(chunk.experiment)
             elif chunk.experiment and chunk.experiment != first.experiment:
                 raise InvalidArgument(
                     f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
                 )
+            budget.take(chunk, len(chunk.tasks))
             tasks.extend(convert.tasks_from_proto(chunk.tasks))
         if first is None:
             raise InvalidArgument("AddTasks: empty stream")
         _check_complete("AddTasks", first, len(tasks))
-        name = first.experiment
         added, total = await self.core.pool.add_tasks(name, tasks)
         return pb.AddTasksResponse(added=added, num_tasks=total)
 
     @unary
     async def SelectBatch(self, request: pb.SelectBatchRequest, context: grpc.aio.ServicerContext) -> pb.Batch:
-        batch = await self.core.batches.select(request.experiment, request.batch_size, request.request_key)
+        batch = await self.core.batches.select(_name(request.experiment), request.batch_size, request.request_key)
         return convert.batch_to_proto(batch)
 
     @unary
@@ -125,15 +176,15 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         self, request: pb.ReportOutcomesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportOutcomesResponse:
         outcomes = convert.outcomes_from_proto(request.outcomes)
-        result = await self.core.batches.report(request.experiment, request.batch_id, outcomes)
+        result = await self.core.batches.report(_name(request.experiment), request.batch_id, outcomes)
         return convert.report_to_proto(result)
 
     @server_streaming
     async def Snapshot(
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SnapshotChunk]:
-        snap = await self.core.experiments.snapshot(request.experiment, request.include_features)
-        chunk = pb.SnapshotChunk(experiment=convert.experiment_to_proto(snap.experiment))
+        snap = await self.core.experiments.snapshot(_name(request.experiment), request.include_features)
+        chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment))
         start, size = 0, 0
         for i, key in enumerate(snap.keys):
             size += len(key.encode()) + _PER_TASK_OVERHEAD

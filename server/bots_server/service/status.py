@@ -17,7 +17,16 @@ from typing import Any, TypeVar
 import grpc
 
 from bots_server import logs
-from bots_server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ServiceError, Unavailable
+from bots_server.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +36,8 @@ CODES: dict[type[ServiceError], grpc.StatusCode] = {
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 # Far below the 8 KB a client accepts in its metadata (the status message
 # travels there).

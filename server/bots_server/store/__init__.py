@@ -17,6 +17,7 @@ from bots_server.store.errors import (
     UnsupportedDatabase,
 )
 from bots_server.store.records import (
+    DEFAULT_TENANT,
     BatchRow,
     CheckpointRow,
     ExperimentCopy,
@@ -25,6 +26,7 @@ from bots_server.store.records import (
     Lookup,
     SchemaStatus,
     StepEvent,
+    TenantUsage,
 )
 
 _EXPECTED = "expected sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
@@ -59,6 +61,7 @@ def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], N
 
 
 __all__ = [
+    "DEFAULT_TENANT",
     "Abandoned",
     "BatchAlreadyReported",
     "BatchRow",
@@ -73,6 +76,7 @@ __all__ = [
     "StaleStep",
     "StepEvent",
     "Store",
+    "TenantUsage",
     "UnsupportedDatabase",
     "open_store",
 ]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from bots_server.store.records import (
+    DEFAULT_TENANT,
     BatchRow,
     ExperimentCopy,
     ExperimentRow,
@@ -34,6 +35,7 @@ from bots_server.store.records import (
     Lookup,
     SchemaStatus,
     StepEvent,
+    TenantUsage,
 )
 
 
@@ -76,9 +78,12 @@ class Store(abc.ABC):
     # -- experiments ----------------------------------------------------------
 
     @abc.abstractmethod
-    def create_experiment(self, name: str, config: Mapping[str, Any], now: dt.datetime) -> ExperimentRow:
+    def create_experiment(
+        self, name: str, config: Mapping[str, Any], now: dt.datetime, tenant: str = DEFAULT_TENANT
+    ) -> ExperimentRow:
         """A new experiment at step 0 with no tasks, and its empty checkpoint.
-        `config` is kept as a JSON object, uninterpreted.
+        `config` is kept as a JSON object, uninterpreted. `name` is the stored
+        name (unique across tenants), `tenant` the tenant it belongs to.
 
         Raises AlreadyExists if the name is taken; of two racing creates of
         one name exactly one succeeds.
@@ -104,9 +109,14 @@ class Store(abc.ABC):
         step (None before any), or None if there is none."""
 
     @abc.abstractmethod
-    def list_experiments(self, after_name: str, limit: int) -> list[ExperimentRow]:
+    def list_experiments(self, after_name: str, limit: int, tenant: str | None = None) -> list[ExperimentRow]:
         """Up to `limit` experiments with names after `after_name`, by name
-        ascending (a page; pass the last name to get the next one)."""
+        ascending (a page; pass the last name to get the next one); only
+        `tenant`'s, unless None."""
+
+    @abc.abstractmethod
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        """How many experiments `tenant` has and their tasks in all."""
 
     @abc.abstractmethod
     def delete_experiment(self, experiment_id: int) -> bool:

@@ -9,6 +9,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# The tenant of experiments created without one, and of every experiment
+# written before tenants existed (revision 0004).
+DEFAULT_TENANT = "default"
+
 
 @dataclass(frozen=True)
 class ExperimentRow:
@@ -97,6 +101,12 @@ class ExperimentCopy:
     source_id: int | None = None
     keys: list[str] | None = None
     features: list[dict[str, float]] | None = None
+    tenant: str = DEFAULT_TENANT
+
+
+class TenantUsage(NamedTuple):
+    experiments: int
+    tasks: int
 
 
 class SchemaStatus(NamedTuple):

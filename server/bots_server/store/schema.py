@@ -47,6 +47,10 @@ experiments = Table(
     # Set on experiments made by ForkExperiment / RestoreExperiment (revision 0002).
     Column("forked_from", String(256), nullable=True),
     Column("forked_at_step", BigInteger, nullable=True),
+    # The tenant (revision 0004; core/tenancy.py). `name` is the stored name:
+    # "tenant/name", or the plain name in the tenant "default".
+    Column("tenant", String(63), nullable=False, server_default="default"),
+    Index("ix_experiments_tenant_name", "tenant", "name"),
 )
 
 tasks = Table(

@@ -31,6 +31,7 @@ from bots_server.store import schema as t
 from bots_server.store.base import Store
 from bots_server.store.errors import Abandoned, BatchAlreadyReported, LeaseConflict, StaleStep
 from bots_server.store.records import (
+    DEFAULT_TENANT,
     BatchRow,
     CheckpointRow,
     ExperimentCopy,
@@ -39,6 +40,7 @@ from bots_server.store.records import (
     Lookup,
     SchemaStatus,
     StepEvent,
+    TenantUsage,
 )
 
 log = logging.getLogger(__name__)
@@ -156,11 +158,13 @@ class SqlStore(Store):
     # -- experiments ----------------------------------------------------
 
     @_translate_errors
-    def create_experiment(self, name: str, config: Mapping[str, Any], now: dt.datetime) -> ExperimentRow:
+    def create_experiment(
+        self, name: str, config: Mapping[str, Any], now: dt.datetime, tenant: str = DEFAULT_TENANT
+    ) -> ExperimentRow:
         try:
             with self._write() as conn:
                 experiment_id = _insert_experiment(
-                    conn, name=name, step=0, num_tasks=0, create_time=now, config=_config_json(config)
+                    conn, name=name, tenant=tenant, step=0, num_tasks=0, create_time=now, config=_config_json(config)
                 )
                 conn.execute(
                     t.checkpoints.insert().values(
@@ -181,6 +185,7 @@ class SqlStore(Store):
                 experiment_id = _insert_experiment(
                     conn,
                     name=copy.name,
+                    tenant=copy.tenant,
                     step=copy.step,
                     num_tasks=n,
                     create_time=now,
@@ -228,10 +233,21 @@ class SqlStore(Store):
         return None if row is None else _experiment_row(row)
 
     @_translate_errors
-    def list_experiments(self, after_name: str, limit: int) -> list[ExperimentRow]:
-        query = _EXPERIMENTS.where(t.experiments.c.name > after_name).order_by(t.experiments.c.name)
+    def list_experiments(self, after_name: str, limit: int, tenant: str | None = None) -> list[ExperimentRow]:
+        query = _EXPERIMENTS.where(t.experiments.c.name > after_name)
+        if tenant is not None:
+            query = query.where(t.experiments.c.tenant == tenant)
         with self._read() as conn:
-            return [_experiment_row(r) for r in conn.execute(query.limit(limit))]
+            return [_experiment_row(r) for r in conn.execute(query.order_by(t.experiments.c.name).limit(limit))]
+
+    @_translate_errors
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(t.experiments.c.num_tasks), 0)).where(
+            t.experiments.c.tenant == tenant
+        )
+        with self._read() as conn:
+            experiments, tasks = conn.execute(query).one()
+        return TenantUsage(int(experiments), int(tasks))
 
     @_translate_errors
     def delete_experiment(self, experiment_id: int) -> bool:

@@ -1,0 +1,144 @@
+"""Authentication and roles: who is calling, and may that role make this call.
+
+A call authenticates with `authorization: Bearer <token>` or, on a mutual TLS
+port, with its client certificate (common name or a subject alternative
+name listed in the credentials file). A token, when sent, decides: a wrong
+token is rejected even on a connection with a good certificate.
+
+UNAUTHENTICATED: no credential, or one the server does not know.
+PERMISSION_DENIED: a known principal whose role may not make the call.
+Which tenant's experiments a call may touch is decided with the names
+(core/tenancy.py), after this.
+
+Health and reflection stay open: the kubelet's probes and load balancers
+carry no credentials, and reflection only describes the API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from prometheus_client import Counter
+
+from bots_server import logs
+from bots_server.core import tenancy
+from bots_server.core.tenancy import Principal, Role
+from bots_server.service.credentials import Credentials
+from bots_server.service.interceptors import Continuation, metadata_value, status_of, wrap_handler
+from bots_server.service.rpc_names import GO_CODE_NAMES, split_method
+
+log = logging.getLogger(__name__)
+
+AUTHORIZATION_KEY = "authorization"
+AUTH_EXEMPT_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+# The least role each TaskSelector method needs; a method missing here
+# (added to the proto later) needs admin until it is listed.
+REQUIRED_ROLE = {
+    "GetExperiment": Role.READER,
+    "ListExperiments": Role.READER,
+    "Snapshot": Role.READER,
+    "CreateExperiment": Role.WRITER,
+    "ForkExperiment": Role.WRITER,
+    "RestoreExperiment": Role.WRITER,
+    "DeleteExperiment": Role.WRITER,
+    "AddTasks": Role.WRITER,
+    "SelectBatch": Role.WRITER,
+    "ReportOutcomes": Role.WRITER,
+}
+_REJECTION_LOG_INTERVAL_S = 60.0
+
+
+def certificate_identities(context: grpc.aio.ServicerContext) -> list[str]:
+    """The client certificate's common name, then its subject alternative
+    names; empty without a verified client certificate."""
+    auth = context.auth_context()
+    values = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in values]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, credentials: Callable[[], Credentials], tenant_calls: Counter | None = None) -> None:
+        """`credentials()`: those in force now (the file reloads);
+        `tenant_calls`: counter labelled (tenant, grpc_method, grpc_code)."""
+        self.credentials = credentials
+        self.tenant_calls = tenant_calls
+        self._rejected = 0
+        self._last_log = -_REJECTION_LOG_INTERVAL_S
+
+    def authenticate(self, header: str | None, context: grpc.aio.ServicerContext) -> Principal | str:
+        """The caller, or why not."""
+        credentials = self.credentials()
+        if header is not None:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return "malformed authorization header; send 'authorization: Bearer <token>'"
+            principal = credentials.by_token(token.strip())
+            return principal if principal is not None else "invalid bearer token"
+        principal = credentials.by_identities(certificate_identities(context))
+        if principal is not None:
+            return principal
+        return "missing bearer token; send metadata 'authorization: Bearer <token>' with a token the server accepts"
+
+    async def intercept_service(  # type: ignore[override]  # None for unknown methods: the stubs omit it
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        method: str = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(AUTH_EXEMPT_PREFIXES):
+            return handler
+        header = metadata_value(handler_call_details, AUTHORIZATION_KEY)
+        _service, method_name = split_method(method)
+        required = REQUIRED_ROLE.get(method_name, Role.ADMIN)
+
+        @contextlib.asynccontextmanager
+        async def around(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            principal = self.authenticate(header, context)
+            if isinstance(principal, str):
+                self._note_rejection(method, principal)
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {principal}")
+                return
+            if principal.role < required:
+                self._count(principal, method_name, grpc.StatusCode.PERMISSION_DENIED)
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{method_name}: {principal.name!r} has role {principal.role.label}; "
+                    f"this call needs {required.label} or above",
+                )
+                return
+            tokens = (tenancy.current.set(principal), logs.principal.set(f"{principal.name}@{principal.tenant}"))
+            error: BaseException | None = None
+            try:
+                yield
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                logs.principal.reset(tokens[1])
+                tenancy.current.reset(tokens[0])
+                self._count(principal, method_name, status_of(context, error))
+
+        return wrap_handler(handler, around)
+
+    def _count(self, principal: Principal, method_name: str, code: grpc.StatusCode) -> None:
+        if self.tenant_calls is not None:
+            self.tenant_calls.labels(principal.tenant, method_name, GO_CODE_NAMES.get(code, "Unknown")).inc()
+
+    def _note_rejection(self, method: str, reason: str) -> None:
+        # A misconfigured trainer retries in a loop: one WARNING a minute with
+        # the count, not one per call (the metrics count every call).
+        self._rejected += 1
+        now = time.monotonic()
+        if now - self._last_log >= _REJECTION_LOG_INTERVAL_S:
+            log.warning(
+                "rejected unauthenticated calls",
+                extra={"method": method, "reason": reason, "rejected_since_last_log": self._rejected},
+            )
+            self._rejected, self._last_log = 0, now
