@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import bots_client
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
+from bots_server.service.credentials import hash_token
 from tests.support.servers import ServerProcess
 
 
@@ -47,10 +48,13 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def tls_server(pki: Path, tmp_path: Path, mutual: bool) -> ServerProcess:
+def tls_server(pki: Path, tmp_path: Path, mutual: bool, credentials: str = "") -> ServerProcess:
     args = ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"), "--health-listen", "127.0.0.1:0"]
     if mutual:
         args += ["--tls-client-ca", str(pki / "ca.pem")]
+    if credentials:
+        (tmp_path / "credentials.toml").write_text(credentials)
+        args += ["--credentials-file", str(tmp_path / "credentials.toml")]
     return ServerProcess(f"sqlite:///{tmp_path / 'tls.db'}", extra_args=args).start()
 
 
@@ -112,5 +116,29 @@ def test_the_plaintext_health_port_serves_only_health(pki: Path, tmp_path: Path)
             with pytest.raises(grpc.RpcError) as info:
                 pb_grpc.TaskSelectorStub(channel).ListExperiments(pb.ListExperimentsRequest(), timeout=5)
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        server.stop()
+
+
+def test_the_client_certificate_is_the_principal(pki: Path, tmp_path: Path) -> None:
+    """With a credentials file, a client certificate's common name (or a SAN)
+    names a principal; a bearer token, when sent, decides instead."""
+    token = "ops-admin-token-0123456789abcdef"
+    server = tls_server(pki, tmp_path, mutual=True, credentials=(
+        '[[principals]]\nname = "trainer"\ntenant = "team-c"\nrole = "writer"\ncertificate = "client"\n\n'
+        f'[[principals]]\nname = "ops"\ntenant = "ops"\nrole = "admin"\ntoken_sha256 = "{hash_token(token)}"\n'
+    ))  # fmt: skip
+    creds = bots_client.tls_credentials(ca=str(pki / "ca.pem"), cert=str(pki / "client.pem"), key=str(pki / "client.key"))
+    try:
+        with bots_client.Client(server.address, credentials=creds) as trainer:
+            trainer.create_experiment("by-certificate")
+            assert [e.name for e in trainer.list_experiments()] == ["by-certificate"]
+        with bots_client.Client(server.address, credentials=creds, metadata=bots_client.bearer(token)) as ops:
+            # The admin of tenant "ops" sees the trainer's experiment in its tenant.
+            assert [e.name for e in ops.list_experiments()] == ["team-c/by-certificate"]
+        bad = bots_client.bearer("wrong-token")
+        with bots_client.Client(server.address, credentials=creds, metadata=bad, retry_timeout=0) as wrong:
+            with pytest.raises(bots_client.UnauthenticatedError):
+                wrong.list_experiments()
     finally:
         server.stop()

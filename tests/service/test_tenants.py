@@ -1,0 +1,235 @@
+"""Tenants and roles against real server processes with a credentials file,
+on SQLite and PostgreSQL: every RPC x (own tenant's experiment, another
+tenant's) x (reader, writer, admin) answers as docs/security.md says.
+
+    own tenant     reader: reads OK, changes PERMISSION_DENIED; writer and admin: OK
+    other tenant   reader and writer: PERMISSION_DENIED (named "b/x"), NOT_FOUND
+                   (named "x": a plain name never leaves the caller's tenant); admin: OK
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bots_client.proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2_grpc as pb_grpc
+from bots_server.service.credentials import hash_token
+from tests.support.servers import ServerProcess
+
+# name -> (tenant, role); tokens: see token().
+PRINCIPALS = {
+    "a-reader": ("team-a", "reader"),
+    "a-writer": ("team-a", "writer"),
+    "a-admin": ("team-a", "admin"),
+    "b-writer": ("team-b", "writer"),
+}
+READS = {"GetExperiment", "Snapshot"}
+CHANGES = {"CreateExperiment", "ForkExperiment", "RestoreExperiment", "DeleteExperiment", "AddTasks", "SelectBatch", "ReportOutcomes"}
+RPCS = sorted(READS | CHANGES)
+OK = grpc.StatusCode.OK
+DENIED = grpc.StatusCode.PERMISSION_DENIED
+
+
+def token(principal: str) -> str:
+    return f"{principal}-secret-token-0123456789abcdef"
+
+
+def credentials_file(path: Path, principals: dict[str, tuple[str, str]]) -> Path:
+    entries = [
+        f'[[principals]]\nname = "{name}"\ntenant = "{tenant}"\nrole = "{role}"\ntoken_sha256 = "{hash_token(token(name))}"\n'
+        for name, (tenant, role) in principals.items()
+    ]
+    path.write_text("\n".join(entries))
+    return path
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def tenant_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("tenants")
+    url = f"sqlite:///{tmp / 'tenants.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    creds = credentials_file(tmp / "credentials.toml", PRINCIPALS)
+    server = ServerProcess(url, extra_args=["--credentials-file", str(creds)]).start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class Caller:
+    stub: pb_grpc.TaskSelectorStub
+    principal: str
+
+    def call(self, rpc: str, request: object) -> tuple[grpc.StatusCode, object]:
+        method = getattr(self.stub, rpc)
+        metadata = (("authorization", f"Bearer {token(self.principal)}"),)
+        try:
+            if rpc in ("AddTasks", "RestoreExperiment"):
+                response = method(iter([request]), metadata=metadata, timeout=20)
+            elif rpc == "Snapshot":
+                response = list(method(request, metadata=metadata, timeout=20))
+            else:
+                response = method(request, metadata=metadata, timeout=20)
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+        return OK, response
+
+
+@pytest.fixture
+def callers(tenant_server: ServerProcess) -> Iterator[Callable[[str], Caller]]:
+    with grpc.insecure_channel(tenant_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        yield lambda principal: Caller(stub, principal)
+
+
+def make_experiment(admin: Caller, reference: str) -> tuple[str, list[str]]:
+    """A fresh experiment of 6 tasks (made by an admin) with one open batch
+    of 2: (its batch id, its keys)."""
+    assert admin.call("CreateExperiment", pb.CreateExperimentRequest(name=reference))[0] == OK
+    tasks = [pb.Task(key=f"k{i}") for i in range(6)]
+    assert admin.call("AddTasks", pb.AddTasksRequest(experiment=reference, tasks=tasks))[0] == OK
+    code, batch = admin.call("SelectBatch", pb.SelectBatchRequest(experiment=reference, batch_size=2))
+    assert code == OK
+    return batch.batch_id, list(batch.keys)  # type: ignore[attr-defined]
+
+
+def request_for(rpc: str, reference: str, tenant_prefix: str, batch_id: str, batch_keys: list[str]) -> object:
+    """The request of `rpc` aimed at experiment `reference` (or, for create
+    and restore, at a new name in the same tenant)."""
+    fresh = f"{tenant_prefix}new-{uuid.uuid4().hex[:8]}"
+    return {
+        "GetExperiment": pb.GetExperimentRequest(name=reference),
+        "Snapshot": pb.SnapshotRequest(experiment=reference),
+        "CreateExperiment": pb.CreateExperimentRequest(name=fresh),
+        "ForkExperiment": pb.ForkExperimentRequest(source=reference, name=f"fork-{uuid.uuid4().hex[:8]}"),
+        "RestoreExperiment": pb.RestoreExperimentRequest(
+            name=fresh, keys=["r0"], alpha=[1.0], beta=[1.0], features=[pb.Features()]
+        ),
+        "DeleteExperiment": pb.DeleteExperimentRequest(name=reference),
+        "AddTasks": pb.AddTasksRequest(experiment=reference, tasks=[pb.Task(key="extra")]),
+        "SelectBatch": pb.SelectBatchRequest(experiment=reference, batch_size=1),
+        "ReportOutcomes": pb.ReportOutcomesRequest(
+            experiment=reference, batch_id=batch_id, outcomes=[pb.Outcome(key=k, successes=1, trials=2) for k in batch_keys]
+        ),
+    }[rpc]
+
+
+def expected(role: str, own: bool, rpc: str) -> grpc.StatusCode:
+    if role == "admin":
+        return OK
+    if not own:
+        return DENIED
+    return OK if role == "writer" or rpc in READS else DENIED
+
+
+@pytest.mark.parametrize("rpc", RPCS)
+@pytest.mark.parametrize("role", ["reader", "writer", "admin"])
+@pytest.mark.parametrize("target", ["own", "other"])
+def test_every_rpc_by_role_and_tenant(callers: Callable[[str], Caller], rpc: str, role: str, target: str) -> None:
+    admin, caller = callers("a-admin"), callers(f"a-{role}")
+    own = target == "own"
+    plain = f"x-{uuid.uuid4().hex[:8]}"
+    # The admin of team-a names team-b's experiment "team-b/x"; so must everyone else.
+    reference = plain if own else f"team-b/{plain}"
+    batch_id, keys = make_experiment(admin, reference)
+    request = request_for(rpc, reference, "" if own else "team-b/", batch_id, keys)
+
+    before = admin.call("GetExperiment", pb.GetExperimentRequest(name=reference))[1]
+    code, details = caller.call(rpc, request)
+    want = expected(role, own, rpc)
+    assert code == want, details
+    after_code, after = admin.call("GetExperiment", pb.GetExperimentRequest(name=reference))
+    if want != OK:
+        # A denied call changes nothing and names the reason.
+        assert after_code == OK and after == before
+        assert ("role" in str(details)) or ("tenant" in str(details)), details
+    if not own and role != "admin":
+        # By its plain name the other tenant's experiment does not exist for this caller.
+        plain_request = request_for(rpc, plain, "", batch_id, keys)
+        code, details = caller.call(rpc, plain_request)
+        if rpc in READS or (role == "writer" and rpc not in ("CreateExperiment", "RestoreExperiment")):
+            assert code == grpc.StatusCode.NOT_FOUND, details
+            assert "team-b" not in str(details), details
+
+
+def test_same_name_in_two_tenants_is_two_experiments(callers: Callable[[str], Caller]) -> None:
+    a, b, admin = callers("a-writer"), callers("b-writer"), callers("a-admin")
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    for caller, tasks in ((a, 3), (b, 5)):
+        assert caller.call("CreateExperiment", pb.CreateExperimentRequest(name=name))[0] == OK
+        added = [pb.Task(key=f"k{i}") for i in range(tasks)]
+        assert caller.call("AddTasks", pb.AddTasksRequest(experiment=name, tasks=added))[0] == OK
+    for caller, tasks in ((a, 3), (b, 5)):
+        code, experiment = caller.call("GetExperiment", pb.GetExperimentRequest(name=name))
+        assert code == OK and experiment.num_tasks == tasks and experiment.name == name  # type: ignore[attr-defined]
+    # The admin of team-a sees its own plainly and team-b's with the tenant.
+    assert admin.call("GetExperiment", pb.GetExperimentRequest(name=name))[1].num_tasks == 3  # type: ignore[attr-defined]
+    code, other = admin.call("GetExperiment", pb.GetExperimentRequest(name=f"team-b/{name}"))
+    assert code == OK and other.num_tasks == 5 and other.name == f"team-b/{name}"  # type: ignore[attr-defined]
+
+
+def test_list_shows_a_tenant_only_its_own(callers: Callable[[str], Caller]) -> None:
+    a, b, admin, reader = callers("a-writer"), callers("b-writer"), callers("a-admin"), callers("a-reader")
+    mine, theirs = f"mine-{uuid.uuid4().hex[:8]}", f"theirs-{uuid.uuid4().hex[:8]}"
+    assert a.call("CreateExperiment", pb.CreateExperimentRequest(name=mine))[0] == OK
+    assert b.call("CreateExperiment", pb.CreateExperimentRequest(name=theirs))[0] == OK
+
+    def names(caller: Caller) -> set[str]:
+        seen: set[str] = set()
+        token = ""
+        while True:
+            code, page = caller.call("ListExperiments", pb.ListExperimentsRequest(page_size=7, page_token=token))
+            assert code == OK, page
+            seen |= {e.name for e in page.experiments}  # type: ignore[attr-defined]
+            token = page.next_page_token  # type: ignore[attr-defined]
+            if not token:
+                return seen
+
+    for caller in (a, reader):
+        listed = names(caller)
+        assert mine in listed and theirs not in listed and f"team-b/{theirs}" not in listed
+        assert all("/" not in n for n in listed)
+    listed_b = names(b)
+    assert theirs in listed_b and mine not in listed_b and all("/" not in n for n in listed_b)
+    everything = names(admin)
+    assert mine in everything and f"team-b/{theirs}" in everything
+
+
+def test_unknown_and_missing_credentials_are_unauthenticated(tenant_server: ServerProcess) -> None:
+    with grpc.insecure_channel(tenant_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        for metadata in ((), (("authorization", "Bearer not-a-known-token"),), (("authorization", "Basic abc"),)):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ListExperiments(pb.ListExperimentsRequest(), metadata=metadata, timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
+
+
+def test_the_audit_line_names_the_principal(tenant_server: ServerProcess, callers: Callable[[str], Caller]) -> None:
+    name = f"audited-{uuid.uuid4().hex[:8]}"
+    writer = callers("b-writer")
+    assert writer.call("CreateExperiment", pb.CreateExperimentRequest(name=name))[0] == OK
+    assert writer.call("AddTasks", pb.AddTasksRequest(experiment=name, tasks=[pb.Task(key="t")]))[0] == OK
+    code, batch = writer.call("SelectBatch", pb.SelectBatchRequest(experiment=name, batch_size=1))
+    assert code == OK
+    report = pb.ReportOutcomesRequest(
+        experiment=name, batch_id=batch.batch_id, outcomes=[pb.Outcome(key="t", successes=1, trials=1)]  # type: ignore[attr-defined]
+    )
+    assert writer.call("ReportOutcomes", report)[0] == OK
+    assert writer.call("DeleteExperiment", pb.DeleteExperimentRequest(name=name))[0] == OK
+    stored = f"team-b/{name}"
+    deadline = time.monotonic() + 10
+    wanted = ["experiment created", "tasks added", "batch selected", "report applied", "experiment deleted"]
+    while True:
+        lines = [e for e in list(tenant_server.log_lines) if e.get("experiment") == stored]
+        seen = [e["message"] for e in lines]
+        if all(m in seen for m in wanted) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for message in wanted:
+        line = next(e for e in lines if e["message"] == message)
+        assert line["principal"] == "b-writer@team-b" and line["logger"].startswith("bots_server.audit"), line
