@@ -84,17 +84,10 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def _connect(args: argparse.Namespace) -> bots_client.Client:
     """A client of the server the ops command names, with its TLS and token."""
-    credentials = None
-    if args.tls or args.tls_ca or args.tls_cert:
-        credentials = bots_client.tls_credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
-    metadata = bots_client.bearer(args.token) if args.token else ()
-    return bots_client.Client(
-        args.server,
-        credentials=credentials,
-        metadata=metadata,
-        timeout=DEFAULT_CALL_SECONDS,
-        retry_timeout=args.retry_seconds,
+    connection = bots_client.Connection(
+        args.server, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=args.token
     )
+    return connection.client(timeout=DEFAULT_CALL_SECONDS, retry_timeout=args.retry_seconds)
 
 
 def _connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +100,10 @@ def _connection_arguments(parser: argparse.ArgumentParser) -> None:
         "--retry-seconds", type=float, default=retry_default,
         help=f"retry an unreachable server this long (env BOTS_RETRY_SECONDS; default {DEFAULT_RETRY_SECONDS:g})",
     )  # fmt: skip
-    parser.add_argument("--tls", action="store_true", help="TLS with the system's CA roots")
+    parser.add_argument(
+        "--tls", action="store_true", default=env("BOTS_TLS", "").lower() in ("1", "true", "yes"),
+        help="TLS with the system's CA roots (env BOTS_TLS=1)",
+    )  # fmt: skip
     parser.add_argument("--tls-ca", default=env("BOTS_TLS_CA", ""), help="PEM CA of the server's certificate (env BOTS_TLS_CA)")
     parser.add_argument(
         "--tls-cert", default=env("BOTS_CLIENT_CERT", ""), help="PEM client certificate, for mutual TLS (env BOTS_CLIENT_CERT)"

@@ -10,6 +10,7 @@
 
 from bots_client.aio import AsyncClient
 from bots_client.client import Client
+from bots_client.connection import Connection
 from bots_client.errors import (
     AlreadyExistsError,
     BotsError,
@@ -33,6 +34,7 @@ __all__ = [
     "BotsError",
     "Client",
     "ConfigMismatchError",
+    "Connection",
     "DeadlineExceededError",
     "Experiment",
     "ExperimentConfig",

@@ -9,6 +9,7 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from bots_client import _calls, _driver
+from bots_client.connection import Connection
 from bots_client.errors import BotsError, from_rpc_error
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
@@ -43,8 +44,12 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         channel: grpc.Channel | None = None,
+        connection: Connection | None = None,
     ) -> None:
+        """`connection`: how this client was made (Connection.client), so
+        that copies of an adapter holding it can reconnect alike."""
         self.target = target
+        self.connection = connection
         self.timeout = timeout
         self.bulk_timeout = bulk_timeout
         self.retry_timeout = retry_timeout

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bots_client.client import Client
+from bots_client.connection import Connection
 from bots_client.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
 from bots_client.types import ExperimentConfig, ReportResult, Task
 
@@ -174,10 +175,15 @@ class Curriculum:
             raise ValueError(f"rank = {self.rank} is not in [0, world_size = {self.world_size})")
         self.report_rank = report_rank
         self.setup_timeout = setup_timeout
+        # How to reconnect after a copy (pickling drops the channel): the
+        # given client's connection, or one from the BOTS_* variables (TLS
+        # files, BOTS_TOKEN) of the process that reconnects.
         if isinstance(client, str):
-            self._target: str | None = client
+            self._connection: Connection | None = None
+            self._target = client
             self._client: Client | None = None
         else:
+            self._connection = client.connection
             self._target = client.target
             self._client = client
         self._lock = threading.Lock()
@@ -191,8 +197,8 @@ class Curriculum:
     @property
     def client(self) -> Client:
         if self._client is None:
-            assert self._target is not None
-            self._client = Client(self._target)
+            connection = self._connection or Connection.from_env(self._target)
+            self._client = connection.client()
         return self._client
 
     @property
@@ -201,8 +207,8 @@ class Curriculum:
 
     def __getstate__(self) -> dict[str, Any]:
         # A gRPC channel does not pickle (DataLoader workers, Ray actors): the
-        # copy reconnects to the same address on first use, with a plain
-        # channel (a client built with credentials or metadata is not copied).
+        # copy reconnects on first use, with the client's Connection if it was
+        # made from one, else with the BOTS_* variables of its own process.
         state = self.__dict__.copy()
         state["_client"] = None
         state["_lock"] = None
