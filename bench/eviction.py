@@ -28,7 +28,16 @@ if __package__ in (None, ""):  # `python bench/eviction.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bots_client
-from bench.common import RESULTS, database, machine_info, machine_line, percentiles, rss_bytes, server_process, write_json
+from bench.common import (
+    RESULTS,
+    database,
+    machine_info,
+    machine_line,
+    percentiles,
+    rss_bytes,
+    server_process,
+    write_json,
+)
 from bots_client import ExperimentConfig, Task
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,3 +148,28 @@ def test_a_bad_credentials_file_stops_the_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="did not start"):
         server.start(timeout=60)
     assert any("credentials-file" in line and "Team A" in line for line in server.messages()), server.messages()
+
+
+def test_the_token_command_makes_a_working_entry(tmp_path: Path) -> None:
+    made = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "token", "--name", "dana", "--tenant", "team-d", "--role", "reader"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    lines = [line for line in made.stdout.splitlines() if not line.startswith("#")]
+    token, entry = lines[0], "\n".join(lines[1:]) + "\n"
+    assert token not in entry  # only its hash goes into the file
+    creds = tmp_path / "credentials.toml"
+    creds.write_text(entry)
+    server = ServerProcess(f"sqlite:///{tmp_path / 't.db'}", extra_args=["--credentials-file", str(creds)]).start()
+    try:
+        with bots_client.Client(server.address, metadata=bots_client.bearer(token), retry_timeout=0) as dana:
+            assert dana.list_experiments() == []
+            with pytest.raises(bots_client.PermissionDeniedError, match="role reader"):
+                dana.create_experiment("not-for-readers")
+    finally:
+        server.stop()
+    bad = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "token", "--name", "x", "--role", "owner"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "reader, writer, admin" in bad.stderr

@@ -37,6 +37,7 @@ class Pool:
                     await rt.catch_up(live)
                     continue
                 await rt.run(live.append_tasks, keys, *live.reference_rates(features))
+                rt.keep_within_budget()
                 rt.notify(rt.observer.tasks_added, name, live.num_tasks)
                 audit.experiments.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
                 return len(keys), live.num_tasks

@@ -59,7 +59,7 @@ class Runtime:
         self.database = DatabaseHealth(store, database_timeout_s)
         self.observer = observer
         self.clock = clock
-        # Least recently used first (see _evict_idle).
+        # Least recently used first (see keep_within_budget).
         self.live: dict[str, LiveExperiment] = {}
         self.evictions = 0
         self._locks: dict[str, _NamedLock] = {}
@@ -135,7 +135,7 @@ class Runtime:
             raise NotFound(f"experiment {name!r} not found")
         live = await self.run(LiveExperiment.rebuild, rows, config)
         self.live[name] = live
-        self._evict_idle()
+        self.keep_within_budget()
         seconds = time.perf_counter() - started
         self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state, live.config.target_success), seconds)
         log.info(
@@ -166,13 +166,13 @@ class Runtime:
             await self.run(live.catch_up, rows)
         return rows
 
-    def _evict_idle(self) -> None:
+    def keep_within_budget(self) -> None:
         """Over the memory budget, drop the least recently used experiments
         that no call is using (holding or awaiting their lock). They stay in
         the store and are rebuilt on their next call, bit-identical: a
         rebuild is the checkpoint plus a replay of the committed events, as
-        after a restart. The experiment just loaded (the most recent) stays,
-        even alone over the budget."""
+        after a restart. The most recently used experiment (the one just
+        loaded or grown) stays, even alone over the budget."""
         budget = self.memory_budget_bytes
         if budget is None:
             return
