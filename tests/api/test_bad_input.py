@@ -55,6 +55,15 @@ def test_create_experiment_rejects_bad_names_and_configs(client: bots_client.Cli
     expect(Code.INVALID_ARGUMENT, "''", lambda: client.create_experiment(""))
     expect(Code.INVALID_ARGUMENT, "'has space'", lambda: client.create_experiment("has space"))
     expect(Code.INVALID_ARGUMENT, "is invalid", lambda: client.create_experiment("x" * 129))
+    # Tenant-qualified names (docs/security.md): the tenant must be a DNS
+    # label, the plain name valid, and the two together fit the column.
+    for name, fragment in (("/x", "tenant of"), ("x/", "is invalid"), ("Team/x", "tenant of"), ("a/b/c", "tenant of"),
+                           ("t/" + "x" * 127, "longer than 128")):  # fmt: skip
+        expect(Code.INVALID_ARGUMENT, fragment, lambda: client.create_experiment(name))
+    # The caller's own tenant, spelled out, is the same experiment.
+    spelled = f"spelled-{uuid.uuid4().hex[:8]}"
+    client.create_experiment(f"default/{spelled}")
+    assert client.get_experiment(spelled).name == spelled
     bad_configs = [
         (dict(target_success=1.5), "target_success = 1.5"),
         (dict(target_success=math.nan), "target_success = nan"),
