@@ -190,7 +190,7 @@ def test_every_dashboard_query_runs_and_most_have_data(scraped: tuple[MetricsSer
 def test_no_dashboard_panel_draws_series_that_are_always_zero(scraped: tuple[MetricsServer, Prometheus, str]) -> None:
     # The server exports every method x code pair of grpc_server_handled_total
     # from start-up; the Non-OK panel shows only those that occurred.
-    server, prometheus, name = scraped
+    server, prometheus, _ = scraped
     with bots_client.Client(server.address) as client:  # one client mistake: NotFound
         with pytest.raises(bots_client.NotFoundError):
             client.get_experiment("no-such-experiment")
