@@ -69,6 +69,13 @@ SETTINGS = (
         "HOST:PORT of a plaintext port serving only the gRPC health service (for probes when the main port is TLS)",
     ),
     Setting(
+        "--otlp-endpoint",
+        "BOTS_OTLP_ENDPOINT",
+        "",
+        "OpenTelemetry collector (OTLP/gRPC, e.g. http://otel-collector:4317): trace every call and its database calls "
+        "(needs the tracing extra)",
+    ),
+    Setting(
         "--auth-tokens-file",
         "BOTS_AUTH_TOKENS_FILE",
         "",
@@ -106,6 +113,7 @@ class ServerSettings:
     tls_key: str = ""
     tls_client_ca: str = ""
     health_listen: str = ""
+    otlp_endpoint: str = ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,6 +178,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
             health_listen=args.health_listen.strip(),
+            otlp_endpoint=args.otlp_endpoint.strip(),
         )
     except ValueError as e:
         raise SystemExit(f"bad setting: {e}") from e

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 
 import bots_server
 from bots_client.proto import bots_pb2
+from bots_server import tracing
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.metrics import Metrics
 from bots_server.service import handlers, tls
@@ -69,7 +70,14 @@ class BotsServer:
             database_timeout_s=settings.database_timeout_seconds,
         )
         self.health = HealthServicer()
+        if settings.otlp_endpoint:
+            tracing.configure(settings.otlp_endpoint)
         interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(self.metrics.rpc)]
+        if tracing.enabled():
+            # Outermost: the span covers the whole call, rejections included.
+            from bots_server.service.tracing import TracingInterceptor
+
+            interceptors.insert(0, TracingInterceptor())
         if settings.auth_tokens:
             interceptors.append(AuthInterceptor(settings.auth_tokens))
         self.server = grpc.aio.server(interceptors=interceptors, options=_NO_REUSEPORT)
@@ -174,6 +182,8 @@ class BotsServer:
         await self.selector.close()
         self.store.close()
         self.metrics.stop_http()
+        if self.settings.otlp_endpoint:
+            await asyncio.to_thread(tracing.shutdown)  # flush what is queued
         log.info("stopped")
 
 
