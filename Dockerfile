@@ -16,14 +16,23 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/bots
 WORKDIR /src
+# The third-party packages first, from the lock file: exact versions, and
+# pip refuses any file whose sha256 is not in it, so two builds install the
+# same bytes (regenerate it with `make image-lock`). Wheels only: the slim
+# base has no compiler. A layer of its own, cached until the lock changes.
+COPY deploy/image/requirements.txt /tmp/requirements.txt
+RUN /opt/bots/bin/pip install --require-hashes --only-binary=:all: --no-deps -r /tmp/requirements.txt
 # Only what the packages need (.dockerignore allows nothing else in).
 COPY pyproject.toml README.md ./
 COPY clients/python/ clients/python/
 COPY server/ server/
-# Non-editable installs; then drop pip and setuptools, which the service never
-# uses at run time, and precompile, since the root filesystem is read-only in
-# Kubernetes.
-RUN /opt/bots/bin/pip install ./clients/python . \
+# The two packages, non-editable, with nothing fetched (their dependencies and
+# the build backend are already installed from the lock); pip check fails
+# the build if the lock does not satisfy them. Then drop pip and setuptools,
+# which the service never uses at run time, and precompile, since the root
+# filesystem is read-only in Kubernetes.
+RUN /opt/bots/bin/pip install --no-deps --no-build-isolation ./clients/python . \
+    && /opt/bots/bin/pip check \
     && /opt/bots/bin/pip uninstall --yes pip setuptools \
     && /opt/bots/bin/python -m compileall -q /opt/bots/lib
 

@@ -16,7 +16,7 @@ LINT_STAMP := $(VENV)/.installed-lint
 # is imported, when it is first imported.
 PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --no-compile
 
-.PHONY: serve test lint tools proto bench simulate soak clean
+.PHONY: serve test lint tools proto bench simulate soak dev-image image-lock clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -92,6 +92,33 @@ simulate: $(TEST_STAMP)
 # lost, doubled or diverging outcome.
 soak: $(TEST_STAMP)
 	$(BIN)/python scripts/soak.py --kills $(or $(SOAK_KILLS),1000) --minutes $(or $(SOAK_MINUTES),90)
+
+# The container image's lock file (deploy/image/requirements.txt, hashed
+# pins of every third-party package; the Dockerfile installs from it). Run it
+# after changing a dependency in a pyproject.toml, with Python 3.11 (the
+# image's): pip-compile resolves markers for the Python that runs it.
+image-lock: $(RUNTIME_STAMP)
+	$(PIP_INSTALL) pip-tools==7.6.2
+	$(BIN)/python scripts/lock_image.py
+
+# The image the dev overlay (deploy/k8s/overlays/dev) runs: built here and
+# loaded into the cluster's nodes, since nothing pushes it to a registry.
+# DEV_CLUSTER=kind (default; KIND_CLUSTER names the cluster) or minikube.
+# The overlay never pulls it (imagePullPolicy: Never), so a pod on a node
+# without it fails with ErrImageNeverPull instead of pulling another image.
+DEV_IMAGE := bots-server:dev
+DEV_CLUSTER ?= kind
+KIND_CLUSTER ?= kind
+
+dev-image:
+	docker build --tag $(DEV_IMAGE) .
+ifeq ($(DEV_CLUSTER),minikube)
+	minikube image load $(DEV_IMAGE)
+else ifeq ($(DEV_CLUSTER),kind)
+	kind load docker-image $(DEV_IMAGE) --name $(KIND_CLUSTER)
+else
+	$(error DEV_CLUSTER must be kind or minikube, not '$(DEV_CLUSTER)')
+endif
 
 clean:
 	rm -rf $(VENV)

@@ -114,12 +114,16 @@ def panels() -> list[dict[str, Any]]:
         "Non-OK calls by code",
         [
             (
-                f'sum by (grpc_method, grpc_code) (rate(grpc_server_handled_total{{{TASK_SELECTOR}, grpc_code!="OK"}}[$__rate_interval]))',
+                # `> 0`: the server exports every method x code pair from
+                # start-up (so rate() and alerts see a series before the first
+                # error); unfiltered, this panel drew ~160 lines at zero.
+                f'sum by (grpc_method, grpc_code) (rate(grpc_server_handled_total{{{TASK_SELECTOR}, grpc_code!="OK"}}[$__rate_interval])) > 0',
                 "{{grpc_method}} {{grpc_code}}",
             )
         ],
         unit="reqps",
-        description="Client mistakes (InvalidArgument, NotFound, FailedPrecondition) and server errors alike.",
+        description="Client mistakes (InvalidArgument, NotFound, FailedPrecondition) and server errors alike; "
+        "only the method and code pairs that occurred in the range.",
     )
     p.panel(
         "Server error ratio",
@@ -135,7 +139,7 @@ def panels() -> list[dict[str, Any]]:
         unit="percentunit",
         minimum=0,
         description="Share of calls failing with Unknown, Internal, Unavailable, DataLoss or DeadlineExceeded "
-        "(alert BotsHighErrorRate at 5%).",
+        "(SLO: 99.9% without; alert BotsAvailabilityBudgetBurn).",
     )
     p.row("Latency")
     for q in ("0.5", "0.99"):
@@ -152,8 +156,21 @@ def panels() -> list[dict[str, Any]]:
             ],
             unit="s",
             width=12,
-            description="Server-side handling time (alert BotsHighLatency: SelectBatch or ReportOutcomes p99 above 1 s).",
+            description="Server-side handling time (SLO: 99% of SelectBatch and ReportOutcomes within 0.5 s; "
+            "alert BotsLatencyBudgetBurn).",
         )
+    p.panel(
+        "SLO error budget burn rate (1 h)",
+        [
+            ('job:bots_rpc_server_errors:ratio_rate1h{job=~"$job"} / 0.001', "availability {{job}}"),
+            ('job:bots_rpc_slow_calls:ratio_rate1h{job=~"$job"} / 0.01', "latency {{job}}"),
+        ],
+        width=24,
+        minimum=0,
+        description="How many times faster than the 30-day budget allows each SLO is being spent, over the last "
+        "hour (1 = exactly on budget). The recording rules of deploy/prometheus/alerts.yaml compute it, per job; "
+        "above 14.4 (with the last 5 minutes) pages.",
+    )
     p.row("Learning signal")
     p.panel(
         "Steps per minute",

@@ -116,6 +116,13 @@ SETTINGS = (
         "audit lines (INFO, with the principal): all, experiments (no line per training step) or off",
     ),
     Setting(
+        "--otlp-endpoint",
+        "BOTS_OTLP_ENDPOINT",
+        "",
+        "OpenTelemetry collector (OTLP/gRPC, e.g. http://otel-collector:4317): trace every call and its database calls "
+        "(needs the tracing extra)",
+    ),
+    Setting(
         "--auth-tokens-file",
         "BOTS_AUTH_TOKENS_FILE",
         "",
@@ -166,6 +173,7 @@ class ServerSettings:
     @property
     def auth(self) -> bool:
         return bool(self.auth_tokens or self.credentials_file)
+    otlp_endpoint: str = ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -254,6 +262,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             max_stream_mb=_amount(args.max_stream_mb, "--max-stream-mb", zero=False),
             memory_budget_mb=_amount(args.memory_budget_mb, "--memory-budget-mb"),
             audit_log=args.audit_log,
+            otlp_endpoint=args.otlp_endpoint.strip(),
         )
     except ValueError as e:
         raise SystemExit(f"bad setting: {e}") from e

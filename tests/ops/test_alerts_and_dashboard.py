@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,8 +23,23 @@ OPERATIONS = REPO / "docs" / "operations.md"
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
-def alert_rules() -> list[dict]:
+def rules() -> list[dict]:
     return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def alert_rules() -> list[dict]:
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def recorded() -> set[str]:
+    return {rule["record"] for rule in rules() if "record" in rule}
+
+
+def runbook_base() -> str:
+    """The one runbook base URL: the component's setting."""
+    settings = (DEPLOY / "k8s" / "components" / "servicemonitor" / "settings.env").read_text()
+    (base,) = re.findall(r"^runbookBaseURL=(\S+)$", settings, flags=re.MULTILINE)
+    return base
 
 
 def metric_names(expr: str) -> set[str]:
@@ -56,7 +72,7 @@ def test_promtool_checks_the_rules() -> None:
     promtool = require_tool("promtool")
     result = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
 def test_promtool_unit_tests_of_the_rules_pass() -> None:
@@ -66,18 +82,59 @@ def test_promtool_unit_tests_of_the_rules_pass() -> None:
         [promtool, "test", "rules", tests.name], capture_output=True, text=True, timeout=120, cwd=tests.parent
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # Every alert is exercised by at least one unit test.
+    # Every alert is exercised by at least one unit test, and so are both
+    # SLIs the burn-rate alerts read.
     tested = set(re.findall(r"alertname: (\w+)", tests.read_text()))
     assert {r["alert"] for r in alert_rules()} <= tested
+    expr_tested = set(re.findall(r"- expr: (\S+)", tests.read_text()))
+    assert {"job:bots_rpc_server_errors:ratio_rate5m", "job:bots_rpc_slow_calls:ratio_rate5m"} <= expr_tested
+    # Both severities of each burn-rate alert fire in some test.
+    for alert in ("BotsAvailabilityBudgetBurn", "BotsLatencyBudgetBurn"):
+        assert {r["labels"]["severity"] for r in alert_rules() if r["alert"] == alert} == {"critical", "warning"}
+    assert re.search(r"severity: warning, slo: availability", tests.read_text())
+    assert re.search(r"severity: critical, slo: latency", tests.read_text())
 
 
-def test_every_alert_has_severity_summary_and_a_runbook_section() -> None:
+def test_burn_rate_alerts_read_every_window_of_their_sli() -> None:
+    # The workbook's pairs: 1 h with 5 min and 6 h with 30 min page, 1 d with
+    # 2 h and 3 d with 6 h open a ticket; each window is a recording rule.
+    for sli in ("bots_rpc_server_errors", "bots_rpc_slow_calls"):
+        windows = {name.rpartition("ratio_rate")[2] for name in recorded() if f":{sli}:" in name}
+        assert windows == {"5m", "30m", "1h", "2h", "6h", "1d", "3d"}, sli
+    for rule in alert_rules():
+        if rule["alert"].endswith("BudgetBurn"):
+            used = set(re.findall(r"job:\w+:ratio_rate\w+", rule["expr"]))
+            assert used and used <= recorded(), rule["alert"]
+            assert len({u.rpartition("ratio_rate")[2] for u in used}) == 4, rule["alert"]
+
+
+def test_every_alert_has_severity_summary_and_a_runbook_link() -> None:
+    # Absolute links (Alertmanager and its receivers cannot resolve a
+    # repository path), all under the one base URL the component sets, each
+    # to the alert's own section of docs/operations.md.
     anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", OPERATIONS.read_text(), flags=re.MULTILINE)}
+    assert runbook_base().startswith("https://") and runbook_base().endswith("/docs/operations.md")
     for rule in alert_rules():
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
-        path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-        assert path == "docs/operations.md" and anchor in anchors, (rule["alert"], anchor)
+        base, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert base == runbook_base() and anchor == rule["alert"].lower() and anchor in anchors, (rule["alert"], anchor)
+
+
+def test_rules_for_a_plain_prometheus_take_another_runbook_base(tmp_path: Path) -> None:
+    script = DEPLOY / "prometheus" / "build_prometheusrule.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--rules", "--runbook-base", "https://wiki.example.org/bots/ops"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    out = tmp_path / "bots-rules.yaml"
+    out.write_text(result.stdout)
+    groups = yaml.safe_load(result.stdout)["groups"]
+    links = [r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r]
+    assert links == [f"https://wiki.example.org/bots/ops#{r['alert'].lower()}" for r in alert_rules()]
+    promtool = require_tool("promtool")
+    checked = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def _anchor(heading: str) -> str:
@@ -87,11 +144,19 @@ def _anchor(heading: str) -> str:
 
 def test_rules_and_dashboard_use_only_exported_metrics(exported: set[str]) -> None:
     used: dict[str, set[str]] = {}
-    for rule in alert_rules():
-        used[f"alert {rule['alert']}"] = metric_names(rule["expr"])
+    for rule in rules():
+        # Alerts may read what the recording rules record.
+        used[f"rule {rule.get('alert') or rule['record']}"] = metric_names(rule["expr"]) - recorded()
+        if rule.get("alert", "").endswith("BudgetBurn"):
+            used.pop(f"rule {rule['alert']}")
     for panel in json.loads(DASHBOARD.read_text())["panels"]:
         for target in panel.get("targets", []):
-            used[f"panel {panel['title']}"] = used.get(f"panel {panel['title']}", set()) | metric_names(target["expr"])
+            names = metric_names(target["expr"])
+            # Recorded series must be recorded by the rules, the rest exported.
+            if names & recorded() or any(":" in n for n in names):
+                assert names <= recorded(), (panel["title"], names - recorded())
+                continue
+            used[f"panel {panel['title']}"] = used.get(f"panel {panel['title']}", set()) | names
     for where, names in used.items():
         assert names, f"{where}: no metric found (bad expression?)"
         missing = names - exported - SYNTHETIC

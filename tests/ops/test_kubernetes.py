@@ -6,6 +6,8 @@ Operator resources (CRDs) are checked separately."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from sqlalchemy import make_url
 from bots_server import settings
 from bots_server.service.server import READINESS_SERVICE
 from tests.ops.support import DEPLOY, require_tool
+from tests.support.servers import REPO
 
 K8S = DEPLOY / "k8s"
 # The oldest Kubernetes with GA gRPC probes, and the newest the schemas know.
@@ -35,12 +38,12 @@ def render(path: Path) -> Docs:
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
-def with_component(tmp_path: Path, overlay: str) -> Path:
+def with_component(tmp_path: Path, overlay: str, component: Path = K8S / "components" / "servicemonitor") -> Path:
     """A kustomization adding the ServiceMonitor component to an overlay, as
     a user would."""
     rel = Path(os.path.relpath(K8S, tmp_path))
     (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump({"resources": [str(rel / overlay)], "components": [str(rel / "components" / "servicemonitor")]})
+        yaml.safe_dump({"resources": [str(rel / overlay)], "components": [os.path.relpath(component, tmp_path)]})
     )
     return tmp_path
 
@@ -162,6 +165,23 @@ def test_dev_overlay_runs_its_own_postgresql(rendered: dict[str, Docs]) -> None:
     )
 
 
+def test_dev_overlay_runs_the_image_make_dev_image_builds_and_loads(rendered: dict[str, Docs]) -> None:
+    # Nothing pushes a dev image: `make dev-image` builds it and loads it into
+    # the cluster's nodes, and the overlay must name that image and never pull.
+    (dev_image,) = re.findall(r"^DEV_IMAGE := (\S+)$", (REPO / "Makefile").read_text(), flags=re.MULTILINE)
+    pod = one(rendered["dev"], "Deployment", "bots-server")["spec"]["template"]["spec"]
+    for container in (*pod["initContainers"], *pod["containers"]):
+        assert container["image"] == dev_image, container["name"]
+        assert container["imagePullPolicy"] == "Never", container["name"]
+    for cluster, load in (("kind", f"kind load docker-image {dev_image}"), ("minikube", f"minikube image load {dev_image}")):
+        recipe = subprocess.run(
+            ["make", "--dry-run", "dev-image", f"DEV_CLUSTER={cluster}"],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.splitlines()  # fmt: skip
+        assert recipe[0] == f"docker build --tag {dev_image} ."
+        assert recipe[1].startswith(load)
+
+
 def test_production_overlay_replicates_and_keeps_secrets_out_of_git(rendered: dict[str, Docs]) -> None:
     docs = rendered["production"]
     deployment = one(docs, "Deployment", "bots-server")
@@ -191,11 +211,43 @@ def test_servicemonitor_and_prometheusrule(rendered: dict[str, Docs], tmp_path: 
 
     rule = one(docs, "PrometheusRule", "bots-server")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    # kube-prometheus-stack's Prometheus selects both by `release: <name>`.
+    assert monitor["metadata"]["labels"]["release"] == rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # Runbook links are absolute; the settings ConfigMap that set them is not applied.
+    assert all(link.startswith("https://") for link in runbook_links(rule))
+    assert not [d for d in docs if d["metadata"]["name"] == "bots-monitoring-settings"]
     rules_file = tmp_path / "rules.yaml"
     rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     promtool = require_tool("promtool")
     result = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def runbook_links(rule: dict[str, Any]) -> list[str]:
+    return [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_the_components_settings_set_the_selector_label_and_every_runbook_link(tmp_path: Path) -> None:
+    # An operator's copy of the component with its two settings changed.
+    component = tmp_path / "servicemonitor"
+    shutil.copytree(K8S / "components" / "servicemonitor", component)
+    settings_env = component / "settings.env"
+    text = settings_env.read_text()
+    text = re.sub(r"^release=.*$", "release=monitoring", text, flags=re.MULTILINE)
+    text = re.sub(r"^runbookBaseURL=.*$", "runbookBaseURL=https://wiki.example.org/bots/runbook", text, flags=re.MULTILINE)
+    settings_env.write_text(text)
+    # The kustomization sits beside deploy/k8s so that relative paths resolve.
+    overlay = tmp_path / "k8s" / "mine"
+    overlay.mkdir(parents=True)
+    docs = render(with_component(overlay, "overlays/production", component))
+
+    monitor = one(docs, "ServiceMonitor", "bots-server")
+    rule = one(docs, "PrometheusRule", "bots-server")
+    assert monitor["metadata"]["labels"]["release"] == rule["metadata"]["labels"]["release"] == "monitoring"
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert runbook_links(rule) == [f"https://wiki.example.org/bots/runbook#{a.lower()}" for a in alerts]
+    # The other labels stay.
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/name"] == "bots-server"
 
 
 def test_a_broken_manifest_is_caught(rendered: dict[str, Docs]) -> None:

@@ -132,7 +132,7 @@ def test_alerting_rules_load_and_evaluate_cleanly(scraped: tuple[MetricsServer, 
         groups = prometheus.api("rules")["data"]["groups"]
         return [rule for group in groups for rule in group["rules"]]
 
-    expected = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    expected = {r.get("alert") or r["record"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
     evaluated = eventually(
         rules,
         lambda rs: (
@@ -147,7 +147,7 @@ def test_alerting_rules_load_and_evaluate_cleanly(scraped: tuple[MetricsServer, 
     # pending for the evaluations before the first scrape.)
     eventually(
         rules,
-        lambda rs: [r["name"] for r in rs if r["state"] != "inactive"] == [],
+        lambda rs: [r["name"] for r in rs if r.get("state", "inactive") != "inactive"] == [],  # recording rules have no state
         timeout=30,
         what="no alert pending or firing",
     )
@@ -185,3 +185,21 @@ def test_every_dashboard_query_runs_and_most_have_data(scraped: tuple[MetricsSer
     allowed_empty = {"Non-OK calls by code", "Checkpoint duration", "Experiment load time (p99)", "Server error ratio"}
     assert set(empty) <= allowed_empty, set(empty) - allowed_empty
     assert re.search(r"\$datasource|\$\{datasource\}", DASHBOARD.read_text())
+
+
+def test_no_dashboard_panel_draws_series_that_are_always_zero(scraped: tuple[MetricsServer, Prometheus, str]) -> None:
+    # The server exports every method x code pair of grpc_server_handled_total
+    # from start-up; the Non-OK panel shows only those that occurred.
+    server, prometheus, _ = scraped
+    with bots_client.Client(server.address) as client:  # one client mistake: NotFound
+        with pytest.raises(bots_client.NotFoundError):
+            client.get_experiment("no-such-experiment")
+    (expr,) = [e for title, e in dashboard_queries() if title == "Non-OK calls by code"]
+    concrete = expr.replace("$__rate_interval", "1m").replace('=~"$job"', '=~".*"').replace('=~"$instance"', '=~".*"')
+    exported = scalar(prometheus.query('count(grpc_server_handled_total{grpc_code!="OK"})'))
+    assert exported and exported[0][1] > 100  # the zero series are there to draw
+    drawn = eventually(
+        lambda: scalar(prometheus.query(concrete)), lambda r: bool(r), what="the NotFound counted by a scrape"
+    )
+    assert [(m["grpc_method"], m["grpc_code"]) for m, _ in drawn] == [("GetExperiment", "NotFound")]
+    assert all(v > 0 for _, v in drawn)

@@ -9,6 +9,11 @@ import uuid
 
 import grpc
 
+try:  # the `tracing` extra: the caller's trace continues on the server
+    from opentelemetry import propagate as _otel_propagate
+except ImportError:
+    _otel_propagate = None  # type: ignore[assignment]
+
 # Reconnect quickly after a server restart (gRPC's default backoff grows to
 # 120 s, longer than a pod restart); retries are bounded by retry_timeout.
 CHANNEL_OPTIONS = (
@@ -23,9 +28,22 @@ REQUEST_ID_KEY = "x-request-id"
 
 def with_request_id(metadata: Metadata) -> tuple[str, Metadata]:
     """A fresh request id (kept across every RPC and retry of one call, so the
-    server's log lines of all of them share it) and the metadata carrying it."""
+    server's log lines of all of them share it) and the metadata carrying it,
+    with the caller's trace context."""
     request_id = uuid.uuid4().hex
-    return request_id, ((REQUEST_ID_KEY, request_id), *metadata)
+    return request_id, ((REQUEST_ID_KEY, request_id), *trace_context(), *metadata)
+
+
+def trace_context() -> Metadata:
+    """The current OpenTelemetry context as metadata (W3C `traceparent` and
+    `tracestate`, by the globally configured propagator), when OpenTelemetry
+    is installed and a span is active; the server's span of the call becomes
+    its child."""
+    if _otel_propagate is None:
+        return ()
+    carrier: dict[str, str] = {}
+    _otel_propagate.inject(carrier)
+    return tuple(carrier.items())
 
 
 RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE})

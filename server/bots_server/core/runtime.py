@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from bots_server import tracing
 from bots_server.core.database import DatabaseHealth
 from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
@@ -74,7 +75,7 @@ class Runtime:
     async def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """A store call on the pool; Unavailable at once while the database
         is not answering (see core/database.py)."""
-        return await self.database.call(self.run(fn, *args, **kwargs))
+        return await self.database.call(self.run(tracing.database_call(fn), *args, **kwargs))
 
     async def db_write_unless_cancelled(self, fn: Callable[..., T], *args: object) -> T:
         """A store write (taking `abandoned=`) that commits only if this call

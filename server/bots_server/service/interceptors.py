@@ -41,17 +41,18 @@ Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandl
 def wrap_handler(
     handler: grpc.RpcMethodHandler,
     around: Around,
-    on_request: Callable[[], None] | None = None,
-    on_response: Callable[[], None] | None = None,
+    on_request: Callable[[Any], None] | None = None,
+    on_response: Callable[[Any], None] | None = None,
 ) -> grpc.RpcMethodHandler:
     """The same handler with its behavior run inside `around(context)`;
-    `on_request` / `on_response` are called per message (for counting)."""
+    `on_request` / `on_response` are called with each message (for counting,
+    for trace attributes)."""
     received = on_request or _nothing
     sent = on_response or _nothing
 
     async def count_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for request in requests:
-            received()
+            received(request)
             yield request
 
     def wrap_unary_response(behavior: Callable[..., Awaitable[Any]], streaming_request: bool) -> Callable[..., Any]:
@@ -60,9 +61,9 @@ def wrap_handler(
                 if streaming_request:
                     request = count_requests(request)
                 else:
-                    received()
+                    received(request)
                 response = await behavior(request, context)
-                sent()
+                sent(response)
                 return response
 
         return wrapped
@@ -78,9 +79,9 @@ def wrap_handler(
                     if streaming_request:
                         request = count_requests(request)
                     else:
-                        received()
+                        received(request)
                     async for response in behavior(request, context):
-                        sent()
+                        sent(response)
                         yield response
 
             return generator
@@ -90,7 +91,7 @@ def wrap_handler(
                 if streaming_request:
                     request = count_requests(request)
                 else:
-                    received()
+                    received(request)
                 return await behavior(request, context)
 
         return coroutine
@@ -106,7 +107,7 @@ def wrap_handler(
     return grpc.stream_stream_rpc_method_handler(wrap_streaming_response(handler.stream_stream, True), **serde)
 
 
-def _nothing() -> None:
+def _nothing(message: Any) -> None:
     pass
 
 
@@ -198,6 +199,6 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("rpc", extra={"method": method, "code": code.name, "seconds": round(seconds, 6)})
 
-        received = metrics.msg_received.labels(*labels).inc
-        sent = metrics.msg_sent.labels(*labels).inc
-        return wrap_handler(handler, around, on_request=received, on_response=sent)
+        received = metrics.msg_received.labels(*labels)
+        sent = metrics.msg_sent.labels(*labels)
+        return wrap_handler(handler, around, on_request=lambda _: received.inc(), on_response=lambda _: sent.inc())

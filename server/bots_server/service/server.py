@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 import bots_server
 from bots_client.proto import bots_pb2
+from bots_server import tracing
 from bots_server.core.quotas import Quotas, StreamBounds
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.metrics import Metrics
@@ -80,7 +81,14 @@ class BotsServer:
         runtime = self.selector.runtime
         self.metrics.loaded_bytes.set_function(lambda: runtime.memory_bytes)
         self.health = HealthServicer()
+        if settings.otlp_endpoint:
+            tracing.configure(settings.otlp_endpoint)
         interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdInterceptor(), MetricsInterceptor(self.metrics.rpc)]
+        if tracing.enabled():
+            # Outermost: the span covers the whole call, rejections included.
+            from bots_server.service.tracing import TracingInterceptor
+
+            interceptors.insert(0, TracingInterceptor())
         if credentials is not None:
             interceptors.append(AuthInterceptor(credentials, self.metrics.tenant_calls))
         self.server = grpc.aio.server(interceptors=interceptors, options=_NO_REUSEPORT)
@@ -194,6 +202,8 @@ class BotsServer:
         await self.selector.close()
         self.store.close()
         self.metrics.stop_http()
+        if self.settings.otlp_endpoint:
+            await asyncio.to_thread(tracing.shutdown)  # flush what is queued
         log.info("stopped")
 
 
