@@ -5,6 +5,8 @@
     bots-server experiments list [--server HOST:PORT] [--tls | --tls-ca CA] [--tls-cert C --tls-key K]
     bots-server experiments show NAME [--server HOST:PORT] ...
     bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT] ...
+    bots-server tasks retire NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
+    bots-server tasks reactivate NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
 
 The ops commands read a bearer token from BOTS_TOKEN.
 """
@@ -144,17 +146,54 @@ def _export(args: argparse.Namespace) -> int:
     to_stdout = args.output == "-"
     with contextlib.nullcontext(sys.stdout) if to_stdout else open(args.output, "w", newline="") as out:
         mean = snap.mean
+        retired = snap.retired if snap.retired is not None else [False] * len(snap.keys)
         if args.format == "csv":
             writer = csv.writer(out)
-            writer.writerow(["key", "alpha", "beta", "mean"])
+            writer.writerow(["key", "alpha", "beta", "mean", "retired"])
             for i, key in enumerate(snap.keys):
-                writer.writerow([key, repr(float(snap.alpha[i])), repr(float(snap.beta[i])), repr(float(mean[i]))])
+                writer.writerow(
+                    [key, repr(float(snap.alpha[i])), repr(float(snap.beta[i])), repr(float(mean[i])), int(retired[i])]
+                )
         else:
             for i, key in enumerate(snap.keys):
-                row = {"key": key, "alpha": float(snap.alpha[i]), "beta": float(snap.beta[i]), "mean": float(mean[i])}
+                row = {
+                    "key": key,
+                    "alpha": float(snap.alpha[i]),
+                    "beta": float(snap.beta[i]),
+                    "mean": float(mean[i]),
+                    "retired": bool(retired[i]),
+                }
                 out.write(json.dumps(row) + "\n")
     if not to_stdout:
         print(f"wrote {len(snap.keys)} tasks of {args.name!r} at step {snap.step} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _task_keys(args: argparse.Namespace) -> list[str]:
+    """The keys on the command line, then those of --from-file: one per line,
+    blank lines and lines starting with # skipped; "-" reads standard input."""
+    keys = list(args.keys)
+    if args.from_file:
+        with contextlib.nullcontext(sys.stdin) if args.from_file == "-" else open(args.from_file) as lines:
+            keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return keys
+
+
+def _retire(args: argparse.Namespace) -> int:
+    keys = _task_keys(args)
+    if not keys:
+        print("error: no task keys given (as arguments or with --from-file)", file=sys.stderr)
+        return 1
+    with _connect(args) as client:
+        if args.action == "retire":
+            result = client.retire_tasks(args.name, keys)
+        else:
+            result = client.reactivate_tasks(args.name, keys)
+    done = "retired" if args.action == "retire" else "reactivated"
+    print(
+        f"{done} {result.changed} of {len(keys)} tasks of {args.name!r} ({len(keys) - result.changed} already were); "
+        f"{result.num_retired} of {result.num_tasks} tasks are retired"
+    )
     return 0
 
 
@@ -200,6 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", default="-", help="file to write (default: standard output)")
     _connection_arguments(export)
     export.set_defaults(run=_export)
+
+    tasks = commands.add_parser("tasks", help="retire or re-activate tasks of a running experiment")
+    task_actions = tasks.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("retire", "never select these tasks again (their posterior is kept); all or nothing"),
+        ("reactivate", "make retired tasks selectable again; all or nothing"),
+    ):
+        p = task_actions.add_parser(action, help=text)
+        p.add_argument("name", help="experiment")
+        p.add_argument("keys", nargs="*", help="task keys")
+        p.add_argument("--from-file", default="", help="also the keys in this file, one per line ('-': standard input)")
+        _connection_arguments(p)
+        p.set_defaults(run=_retire)
     return parser
 
 

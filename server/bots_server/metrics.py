@@ -126,6 +126,10 @@ class ExperimentMetrics(SelectorObserver, Collector):
         self.steps = Counter("bots_steps_total", "Reports applied (steps) on this replica.", exp, registry=registry)
         self.step = Gauge("bots_experiment_step", "The experiment's current step.", exp, registry=registry)
         self.tasks = Gauge("bots_experiment_tasks", "Tasks in the experiment's pool.", exp, registry=registry)
+        self.retired_tasks = Gauge(
+            "bots_experiment_retired_tasks", "Tasks of the pool that are retired (never selected).", exp,
+            registry=registry,
+        )  # fmt: skip
         self.batches_selected = Counter(
             "bots_batches_selected_total", "New batches selected (not counting repeats of a request key).", exp,
             registry=registry,
@@ -184,7 +188,7 @@ class ExperimentMetrics(SelectorObserver, Collector):
             registry=registry,
         )
         self._labelled = (
-            self.steps, self.step, self.tasks, self.batches_selected, self.tasks_selected,
+            self.steps, self.step, self.tasks, self.retired_tasks, self.batches_selected, self.tasks_selected,
             self.tasks_reported, self.tasks_informative, self.rollouts, self.successes, self.batch_success_rate,
             self.batch_informative, self.capability, self.checkpoint_last_seconds, self.checkpoint_timestamp,
         )  # fmt: skip
@@ -278,6 +282,11 @@ class ExperimentMetrics(SelectorObserver, Collector):
 
     def tasks_added(self, experiment: str, num_tasks: int) -> None:
         if not self._gone(experiment):
+            self.tasks.labels(experiment).set(num_tasks)
+
+    def tasks_retired(self, experiment: str, num_retired: int, num_tasks: int) -> None:
+        if not self._gone(experiment):
+            self.retired_tasks.labels(experiment).set(num_retired)
             self.tasks.labels(experiment).set(num_tasks)
 
     def experiment_removed(self, experiment: str) -> None:

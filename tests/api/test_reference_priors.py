@@ -74,7 +74,7 @@ def test_warm_started_tasks_added_mid_run_replay_bit_identically_after_a_crash(t
                 if step == 4:
                     client.add_tasks("warm", [Task("late", {"weak": 0.1, "strong": 0.9}), Task("bare", {})])
                 batch = client.select_batch("warm", 4, request_key=f"s{step}")
-                client.report_outcomes("warm", batch.batch_id, {k: (step % 3, 2) for k in batch.keys})
+                client.report_outcomes("warm", batch.batch_id, dict.fromkeys(batch.keys, (step % 3, 2)))
             before = client.snapshot("warm")
         server.kill()
         server = ServerProcess(db, extra_args=args).start()

@@ -24,7 +24,7 @@ from bots_client.errors import (
     UnavailableError,
 )
 from bots_client.security import bearer, tls_credentials
-from bots_client.types import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, Snapshot, Task
+from bots_client.types import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, RetireResult, Snapshot, Task
 
 __all__ = [
     "AlreadyExistsError",
@@ -43,6 +43,7 @@ __all__ = [
     "PermissionDeniedError",
     "ReportResult",
     "ResourceExhaustedError",
+    "RetireResult",
     "Snapshot",
     "Task",
     "UnauthenticatedError",

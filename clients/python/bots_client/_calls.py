@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 from bots_client import _convert
 from bots_client.errors import AlreadyExistsError, ConfigMismatchError
 from bots_client.proto import bots_pb2 as pb
-from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
+from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, RetireResult, Snapshot, Task
 
 T = TypeVar("T")
 
@@ -135,6 +135,15 @@ def report_outcomes(experiment: str, batch_id: str, outcomes: Mapping[str, Outco
     return _convert.report_from_proto((yield Rpc("ReportOutcomes", request, idempotent=True)))
 
 
+def retire_tasks(experiment: str, keys: Iterable[str], retired: bool) -> Call[RetireResult]:
+    # Idempotent: a repeat sets the same state (it then reports changed=0).
+    request = pb.RetireTasksRequest(experiment=experiment, keys=list(keys))
+    response = yield Rpc("RetireTasks" if retired else "ReactivateTasks", request, idempotent=True)
+    return RetireResult(
+        changed=int(response.changed), num_retired=int(response.num_retired), num_tasks=int(response.num_tasks)
+    )
+
+
 def snapshot(experiment: str, include_features: bool) -> Call[Snapshot]:
     request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
     chunks = yield Rpc("Snapshot", request, streams_response=True, bulk=True, idempotent=True)
@@ -167,6 +176,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
     alpha: list[float] = []
     beta: list[float] = []
     features: list[dict[str, float]] = []
+    retired: list[bool] = []
     experiment = None
     for chunk in chunks:
         if chunk.HasField("experiment"):
@@ -175,6 +185,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         alpha.extend(chunk.alpha)
         beta.extend(chunk.beta)
         features.extend(dict(f.values) for f in chunk.features)
+        retired.extend(chunk.retired)
     if experiment is None:
         raise RuntimeError("snapshot stream ended without the experiment header")
     return Snapshot(
@@ -183,6 +194,8 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         np.asarray(alpha, dtype=np.float64),
         np.asarray(beta, dtype=np.float64),
         features if include_features else None,
+        # A server from before retirements sends none: nothing is retired.
+        np.asarray(retired, dtype=bool) if retired else np.zeros(len(keys), dtype=bool),
     )
 
 
@@ -207,7 +220,10 @@ def restore_chunks(
     if experiment.capability is not None:
         first.capability = experiment.capability
     chunks, current, size = [first], first, 0
-    for key, a, b, f in zip(snapshot.keys, snapshot.alpha.tolist(), snapshot.beta.tolist(), snapshot.features):
+    retired = snapshot.retired if snapshot.retired is not None and snapshot.retired.any() else None
+    for i, (key, a, b, f) in enumerate(
+        zip(snapshot.keys, snapshot.alpha.tolist(), snapshot.beta.tolist(), snapshot.features)
+    ):
         task_size = _utf8_size(key) + 24 + sum(_utf8_size(n) + 16 for n in f)
         if size and size + task_size > chunk_bytes:
             current, size = pb.RestoreExperimentRequest(), 0
@@ -216,7 +232,9 @@ def restore_chunks(
         current.alpha.append(a)
         current.beta.append(b)
         current.features.append(pb.Features(values=f))
-        size += task_size
+        if retired is not None:
+            current.retired.append(bool(retired[i]))
+        size += task_size + 1
     return chunks
 
 

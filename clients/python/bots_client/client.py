@@ -11,7 +11,7 @@ import grpc
 from bots_client import _calls, _driver
 from bots_client.errors import BotsError, from_rpc_error
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
+from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, RetireResult, Snapshot, Task
 
 T = TypeVar("T")
 
@@ -150,6 +150,16 @@ class Client:
     ) -> ReportResult:
         """Report key -> (successes, trials) for tasks of a batch; applied once."""
         return self._run(_calls.report_outcomes(experiment, batch_id, outcomes))
+
+    def retire_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
+        """Retire tasks: never selected again until re-activated; their
+        posterior is kept (and shown in snapshots). All or nothing: an
+        unknown key raises InvalidArgumentError and changes nothing."""
+        return self._run(_calls.retire_tasks(experiment, keys, retired=True))
+
+    def reactivate_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
+        """Make retired tasks selectable again, from their current posterior."""
+        return self._run(_calls.retire_tasks(experiment, keys, retired=False))
 
     def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
         """Every task's posterior: keys, alpha and beta (float64), step and config;

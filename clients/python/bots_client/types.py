@@ -112,6 +112,7 @@ class Snapshot:
     alpha: np.ndarray
     beta: np.ndarray
     features: list[dict[str, float]] | None = None  # with include_features=True
+    retired: np.ndarray | None = None  # bool per task: retired (never selected); None: not known
 
     @property
     def step(self) -> int:
@@ -124,3 +125,12 @@ class Snapshot:
     @property
     def mean(self) -> np.ndarray:
         return self.alpha / (self.alpha + self.beta)
+
+
+@dataclass(frozen=True)
+class RetireResult:
+    """What retire_tasks / reactivate_tasks did."""
+
+    changed: int  # tasks the call changed (the others already were in that state)
+    num_retired: int  # retired tasks in the experiment afterwards
+    num_tasks: int

@@ -97,6 +97,15 @@ class ReportResult:
 
 
 @dataclass(frozen=True)
+class RetireResult:
+    """What a RetireTasks / ReactivateTasks call did."""
+
+    changed: int  # tasks whose state it changed (the others already were so)
+    num_retired: int  # retired tasks in the experiment afterwards
+    num_tasks: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """An experiment's posterior at one step, in task order."""
 
@@ -105,6 +114,7 @@ class Snapshot:
     alpha: list[float]
     beta: list[float]
     features: list[dict[str, float]] | None
+    retired: list[bool] | None = None  # per task; None: none retired
 
 
 @dataclass(frozen=True)
@@ -120,3 +130,4 @@ class RestoreData:
     alpha: list[float]
     beta: list[float]
     features: list[dict[str, float]]
+    retired: list[bool] = field(default_factory=list)  # per task; empty: none retired

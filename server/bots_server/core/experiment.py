@@ -13,7 +13,7 @@ import numpy as np
 
 from bots_server.core.domain import ExperimentConfig
 from bots_server.engine import PosteriorState, apply_outcomes
-from bots_server.store import LoadedRows, StepEvent
+from bots_server.store import LoadedRows, RetirementEvent, StepEvent
 
 
 @dataclass
@@ -36,6 +36,12 @@ class LiveExperiment:
     checkpoint_step: int
     checkpoint_time: float = field(default_factory=time.monotonic)
     checkpoint_task: asyncio.Task[None] | None = None
+    # Retired tasks (never selected; their posterior is updated as any
+    # unselected task's). The fold of the retirement events up to
+    # `retirement_seq`, read back whole on every rebuild: the posterior does
+    # not depend on it, so neither checkpoints nor the step replay carry it.
+    retired: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    retirement_seq: int = 0
 
     @property
     def num_tasks(self) -> int:
@@ -58,6 +64,7 @@ class LiveExperiment:
         self.keys.extend(keys)
         self.index.update((key, start + i) for i, key in enumerate(keys))
         self.state = self.state.extended(self.config, weak, strong)
+        self.retired = np.concatenate([self.retired, np.zeros(len(keys), dtype=bool)])
 
     def append_loaded(self, rows: LoadedRows) -> None:
         self.append_tasks(rows.keys, _floats(rows.weak), _floats(rows.strong))
@@ -78,15 +85,34 @@ class LiveExperiment:
             self.state = result.state
             self.step = event.step
 
+    def apply_retirements(self, events: Sequence[RetirementEvent]) -> None:
+        """Apply committed retirement events, in order (each sets its tasks'
+        state, so the result is the last event's word on every task)."""
+        for event in events:
+            if event.seq != self.retirement_seq + 1:
+                raise RuntimeError(
+                    f"experiment {self.name!r}: retirement event {event.seq} after {self.retirement_seq}"
+                )
+            retired = self.retired.copy()  # readers may hold the old mask
+            retired[np.asarray(event.task_idx, dtype=np.int64)] = event.retired
+            self.retired, self.retirement_seq = retired, event.seq
+
+    @property
+    def num_retired(self) -> int:
+        return int(np.count_nonzero(self.retired))
+
     def catch_up(self, rows: LoadedRows) -> None:
-        """Take in what other writers committed: new tasks, then new steps.
+        """Take in what other writers committed: new tasks, then new steps
+        and retirements.
 
         Tasks appended after an event's step do not take part in it (the
-        event's pool_size), so adding them first is safe.
+        event's pool_size), so adding them first is safe; a retirement may
+        name any task added before it.
         """
         if rows.keys:
             self.append_loaded(rows)
         self.replay(rows.events)
+        self.apply_retirements(rows.retirements)
 
     @classmethod
     def rebuild(cls, rows: LoadedRows, config: ExperimentConfig) -> LiveExperiment:
@@ -114,6 +140,7 @@ class LiveExperiment:
         capability = math.nan if checkpoint.capability is None else checkpoint.capability
         live.state = PosteriorState(alpha, beta, live.state.weak, live.state.strong, capability)
         live.replay(rows.events)
+        live.apply_retirements(rows.retirements)
         return live
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
+
 from bots_server.core import validation
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
 from bots_server.core.runtime import Runtime
-from bots_server.errors import NotFound
+from bots_server.errors import InvalidArgument, NotFound
 from bots_server.store import ExperimentCopy, ExperimentRow
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,7 @@ class Experiments:
                 beta=state.beta,
                 forked_from=source,
                 source_id=live.id,
+                retired=np.flatnonzero(live.retired).tolist(),  # a broken task stays retired in the fork
             )
             row = await rt.db(rt.store.create_copy, copy, rt.clock())
         log.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
@@ -102,6 +105,10 @@ class Experiments:
             data.features,
             data.capability,
         )
+        if data.retired and len(data.retired) != len(data.keys):
+            raise InvalidArgument(
+                f"snapshot arrays differ in length: {len(data.keys)} keys, {len(data.retired)} retired flags"
+            )
         copy = ExperimentCopy(
             name=data.name,
             config=data.config.to_dict(),
@@ -112,6 +119,7 @@ class Experiments:
             forked_from=data.source or "snapshot",
             keys=data.keys,
             features=data.features,
+            retired=[i for i, r in enumerate(data.retired) if r],
         )
         row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
         log.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
@@ -123,6 +131,7 @@ class Experiments:
         async with rt.locked(name):
             live, _ = await rt.ready(name)
             state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
+            retired = live.retired
         row = await rt.db(rt.store.find_experiment, name)
         if row is None or row.id != live.id:
             raise NotFound(f"experiment {name!r} not found")
@@ -130,7 +139,7 @@ class Experiments:
         experiment = summary(dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches)
         alpha, beta = await rt.run(lambda: (state.alpha.tolist(), state.beta.tolist()))
         features = await rt.db(rt.store.load_features, live.id, len(keys)) if include_features else None
-        return Snapshot(experiment, keys, alpha, beta, features)
+        return Snapshot(experiment, keys, alpha, beta, features, retired.tolist())
 
 
 def summary(row: ExperimentRow, open_batches: int) -> Experiment:

@@ -1,14 +1,26 @@
-"""The task pool of an experiment: adding tasks."""
+"""The task pool of an experiment: adding tasks, retiring and re-activating them.
+
+A retired task is never selected again until re-activated; its posterior is
+kept and keeps being updated as that of any task a batch did not pick (the
+plug-in's implicit evidence and forgetting), so a re-activated task resumes
+from a current estimate. Retiring a task that is in an open batch leaves the
+batch as it is: a retry of its request key returns it unchanged, and its
+report is applied in full (the rollouts are real evidence, as a report after
+the lease expired is); the task is only not handed out again.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 
+import numpy as np
+
 from bots_server.core import validation
-from bots_server.core.domain import Task
+from bots_server.core.domain import RetireResult, Task
+from bots_server.core.limits import shown
 from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
-from bots_server.errors import AlreadyExists
+from bots_server.errors import AlreadyExists, InvalidArgument
 from bots_server.store import StaleStep
 
 log = logging.getLogger(__name__)
@@ -41,6 +53,46 @@ class Pool:
                 log.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
                 return len(keys), live.num_tasks
             raise contended(name)
+
+
+    async def set_retired(self, name: str, keys: Sequence[str], retired: bool) -> RetireResult:
+        """Retire (or re-activate) the tasks named by `keys`, all or nothing:
+        an unknown key rejects the whole call. Tasks already in that state
+        are left as they are; a call that changes nothing writes nothing."""
+        what = "RetireTasks" if retired else "ReactivateTasks"
+        validation.experiment_name(name)
+        validation.task_keys(what, keys)
+        rt = self.runtime
+        async with rt.locked(name):
+            live, _ = await rt.ready(name)
+            for _ in range(MAX_WRITE_ATTEMPTS):
+                unknown = [key for key in keys if key not in live.index]
+                if unknown:
+                    raise _unknown_keys(what, name, unknown)
+                task_idx = np.fromiter((live.index[key] for key in keys), dtype=np.int64, count=len(keys))
+                changed = np.sort(task_idx[live.retired[task_idx] != retired])
+                if changed.size == 0:
+                    return RetireResult(changed=0, num_retired=live.num_retired, num_tasks=live.num_tasks)
+                seq = live.retirement_seq + 1
+                try:
+                    event = await rt.db(rt.store.commit_retirement, live.id, seq, changed.tolist(), retired, rt.clock())
+                except StaleStep:  # another replica retired or re-activated meanwhile
+                    await rt.catch_up(live)
+                    continue
+                live.apply_retirements([event])
+                rt.notify(rt.observer.tasks_retired, name, live.num_retired, live.num_tasks)
+                log.info(
+                    "tasks retired" if retired else "tasks reactivated",
+                    extra={"experiment": name, "changed": int(changed.size), "retired": live.num_retired},
+                )
+                return RetireResult(changed=int(changed.size), num_retired=live.num_retired, num_tasks=live.num_tasks)
+            raise contended(name)
+
+
+def _unknown_keys(what: str, name: str, unknown: list[str]) -> InvalidArgument:
+    shown_keys = ", ".join(shown(k) for k in unknown[:5])
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    return InvalidArgument(f"{what}: experiment {name!r} has no tasks {shown_keys}{more}; nothing was changed")
 
 
 def _already_has(name: str, taken: list[str]) -> AlreadyExists:

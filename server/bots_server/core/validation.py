@@ -88,6 +88,19 @@ def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:
                 )
 
 
+def task_keys(what: str, keys: Sequence[str]) -> None:
+    """Keys naming existing tasks (retire, re-activate): at least one, each
+    a possible key, none twice."""
+    if not keys:
+        raise InvalidArgument(f"{what}: no task keys given")
+    seen: set[str] = set()
+    for key in keys:
+        text("task key", key, limits.MAX_KEY_LENGTH, empty=False)
+        if key in seen:
+            raise InvalidArgument(f"{what}: task key {shown(key)} appears more than once in the request")
+        seen.add(key)
+
+
 def batch_request(batch_size: int, request_key: str) -> None:
     if batch_size < 1:
         raise InvalidArgument(f"batch_size = {batch_size} must be at least 1")

@@ -16,7 +16,16 @@ from google.protobuf import timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from bots_client.proto import bots_pb2 as pb
-from bots_server.core.domain import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, Task, config_settings
+from bots_server.core.domain import (
+    Batch,
+    Experiment,
+    ExperimentConfig,
+    Outcome,
+    ReportResult,
+    RetireResult,
+    Task,
+    config_settings,
+)
 from bots_server.errors import InvalidArgument
 
 ENUM_SETTINGS: dict[str, tuple[str, EnumTypeWrapper]] = {
@@ -109,3 +118,7 @@ def report_to_proto(result: ReportResult) -> pb.ReportOutcomesResponse:
     if result.capability is not None:
         message.capability = result.capability
     return message
+
+
+def retire_to_proto(result: RetireResult) -> pb.RetireTasksResponse:
+    return pb.RetireTasksResponse(changed=result.changed, num_retired=result.num_retired, num_tasks=result.num_tasks)

@@ -18,7 +18,7 @@ from bots_server.service.status import server_streaming, unary
 
 # Snapshot chunks stay well under gRPC's default 4 MB message limit.
 SNAPSHOT_CHUNK_BYTES = 1 << 20
-_PER_TASK_OVERHEAD = 24  # two doubles and framing
+_PER_TASK_OVERHEAD = 26  # two doubles, a retired flag and framing
 _PER_FEATURE_OVERHEAD = 16  # a double and map-entry framing
 
 
@@ -47,6 +47,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         alpha: list[float] = []
         beta: list[float] = []
         features: list[dict[str, float]] = []
+        retired: list[bool] = []
         async for chunk in request_iterator:
             if first is None:
                 first = chunk
@@ -56,6 +57,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             alpha.extend(chunk.alpha)
             beta.extend(chunk.beta)
             features.extend(dict(f.values) for f in chunk.features)
+            retired.extend(chunk.retired)
         if first is None:
             raise InvalidArgument("RestoreExperiment: empty stream")
         _check_complete("RestoreExperiment", first, len(keys))
@@ -69,6 +71,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             alpha=alpha,
             beta=beta,
             features=features,
+            retired=retired,
         )
         return convert.experiment_to_proto(await self.core.experiments.restore(data))
 
@@ -128,6 +131,20 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         result = await self.core.batches.report(request.experiment, request.batch_id, outcomes)
         return convert.report_to_proto(result)
 
+    @unary
+    async def RetireTasks(
+        self, request: pb.RetireTasksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetireTasksResponse:
+        result = await self.core.pool.set_retired(request.experiment, list(request.keys), retired=True)
+        return convert.retire_to_proto(result)
+
+    @unary
+    async def ReactivateTasks(
+        self, request: pb.RetireTasksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetireTasksResponse:
+        result = await self.core.pool.set_retired(request.experiment, list(request.keys), retired=False)
+        return convert.retire_to_proto(result)
+
     @server_streaming
     async def Snapshot(
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
@@ -161,4 +178,6 @@ def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int) -> pb.
     chunk.beta.extend(snap.beta[start:stop])
     if snap.features is not None:
         chunk.features.extend(pb.Features(values=f) for f in snap.features[start:stop])
+    if snap.retired is not None:
+        chunk.retired.extend(snap.retired[start:stop])
     return chunk

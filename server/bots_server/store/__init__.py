@@ -23,6 +23,7 @@ from bots_server.store.records import (
     ExperimentRow,
     LoadedRows,
     Lookup,
+    RetirementEvent,
     SchemaStatus,
     StepEvent,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "LeaseConflict",
     "LoadedRows",
     "Lookup",
+    "RetirementEvent",
     "SchemaStatus",
     "StaleStep",
     "StepEvent",

@@ -32,6 +32,7 @@ from bots_server.store.records import (
     ExperimentRow,
     LoadedRows,
     Lookup,
+    RetirementEvent,
     SchemaStatus,
     StepEvent,
 )
@@ -149,6 +150,7 @@ class Store(abc.ABC):
         after_step: int | None = None,
         first_task: int = 0,
         lookup: Lookup | None = None,
+        after_retirement: int = 0,
     ) -> LoadedRows | None:
         """Rows to rebuild or catch up an experiment, plus what `lookup` asks
         for, all from one transaction. None if the experiment does not exist.
@@ -165,6 +167,9 @@ class Store(abc.ABC):
         `lookup`: the batch with `lookup.batch_id`, else the one with
         `lookup.request_key` (None if there is none), and, with
         `lookup.leases_at`, the tasks of batches still open at that time.
+
+        `retirements`: the retirement events with seq after
+        `after_retirement`, ascending (a rebuild passes 0: all of them).
         """
 
     @abc.abstractmethod
@@ -197,15 +202,33 @@ class Store(abc.ABC):
     # -- batches and reports ---------------------------------------------------
 
     @abc.abstractmethod
-    def insert_batch(self, experiment_id: int, batch: BatchRow, now: dt.datetime) -> BatchRow:
+    def insert_batch(
+        self, experiment_id: int, batch: BatchRow, now: dt.datetime, retirement_seq: int | None = None
+    ) -> BatchRow:
         """Store a batch chosen at step `batch.step`, atomically with its checks.
 
         Holds the experiment's row lock, which serializes selects and reports
         of the experiment across replicas, while it checks, in this order:
         a batch with the same request key exists (a racing call) -> that
         batch is returned and nothing written; the experiment is no longer at
-        `batch.step` -> StaleStep; a chosen task is in a batch still open at
-        `now` -> LeaseConflict. Otherwise the batch is stored and returned.
+        `batch.step`, or (given `retirement_seq`) its last retirement event is
+        not `retirement_seq` -> StaleStep; a chosen task is in a batch still
+        open at `now` -> LeaseConflict. Otherwise the batch is stored and
+        returned.
+        """
+
+    @abc.abstractmethod
+    def commit_retirement(
+        self, experiment_id: int, seq: int, task_idx: Sequence[int], retired: bool, now: dt.datetime
+    ) -> RetirementEvent:
+        """Append the retirement event `seq` (tasks `task_idx`, ascending, set
+        to `retired`) under the experiment's row lock, so that selects on
+        every replica are ordered with it; returns it with the experiment's
+        step at the commit.
+
+        A compare-and-set: StaleStep if the experiment's last retirement event
+        is not `seq - 1` (another writer got there first); nothing is written
+        then. Once this returns the event is durable.
         """
 
     @abc.abstractmethod

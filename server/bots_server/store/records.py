@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,6 +35,17 @@ class StepEvent:
     trials: list[int]
     capability: float | None
     capability_estimate: float | None
+
+
+@dataclass(frozen=True)
+class RetirementEvent:
+    """One RetireTasks / ReactivateTasks call: the tasks whose state it
+    changed, set to `retired`, at the experiment's `step` then."""
+
+    seq: int  # 1, 2, ... per experiment
+    step: int
+    task_idx: list[int]  # ascending
+    retired: bool
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class LoadedRows:
     events: list[StepEvent]  # steps after the requested one, ascending
     batch: BatchRow | None = None  # Lookup.batch_id / request_key
     leased: list[int] | None = None  # with Lookup.leases_at
+    retirements: list[RetirementEvent] = field(default_factory=list)  # after load's after_retirement, ascending
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,7 @@ class ExperimentCopy:
     source_id: int | None = None
     keys: list[str] | None = None
     features: list[dict[str, float]] | None = None
+    retired: Sequence[int] = ()  # task indices that start retired
 
 
 class SchemaStatus(NamedTuple):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Double,
@@ -122,4 +123,19 @@ batch_tasks = Table(
     Column("batch_id", String(64), primary_key=True),
     Column("position", Integer, primary_key=True, autoincrement=False),
     Column("task_idx", BigInteger, nullable=False),
+)
+
+# Retiring and re-activating tasks (revision 0004): one event per call
+# (`seq` 1, 2, ... per experiment), one row per task it changed, with the
+# experiment's step when it was committed. Replaying them in `seq` order gives
+# the retired mask; selection is the only thing it affects.
+retirements = Table(
+    "retirements",
+    metadata,
+    _experiment_id(),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
+    Column("retired", Boolean, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("create_time", DateTime(timezone=True), nullable=False),
 )

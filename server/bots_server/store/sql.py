@@ -37,6 +37,7 @@ from bots_server.store.records import (
     ExperimentRow,
     LoadedRows,
     Lookup,
+    RetirementEvent,
     SchemaStatus,
     StepEvent,
 )
@@ -209,6 +210,9 @@ class SqlStore(Store):
                 if alpha.shape != beta.shape:
                     raise ValueError(f"{len(alpha)} alpha values but {len(beta)} beta values")
                 self._insert_posteriors(conn, experiment_id, alpha, beta)
+                if len(copy.retired):
+                    retired = ((experiment_id, 1, int(i), True, copy.step, now) for i in sorted(copy.retired))
+                    self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, retired)
         except exc.IntegrityError as e:
             if self._name_taken(copy.name):
                 raise AlreadyExists(f"experiment {copy.name!r} already exists") from e
@@ -236,7 +240,7 @@ class SqlStore(Store):
     @_translate_errors
     def delete_experiment(self, experiment_id: int) -> bool:
         with self._write() as conn:
-            for table in (t.batch_tasks, t.batches, t.outcomes, t.steps, t.posteriors, t.checkpoints, t.tasks):
+            for table in (t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps, t.posteriors, t.checkpoints, t.tasks):
                 conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
             deleted = conn.execute(t.experiments.delete().where(t.experiments.c.id == experiment_id)).rowcount
         return deleted == 1
@@ -299,6 +303,7 @@ class SqlStore(Store):
         after_step: int | None = None,
         first_task: int = 0,
         lookup: Lookup | None = None,
+        after_retirement: int = 0,
     ) -> LoadedRows | None:
         # A rebuild reads the checkpoint and the events after it: one snapshot.
         # Catching up reads append-only rows bounded by the experiment row.
@@ -340,7 +345,8 @@ class SqlStore(Store):
                     batch = self._find_batch(conn, experiment_id, t.batches.c.request_key == lookup.request_key)
                 if lookup.leases_at is not None:
                     leased = list(conn.execute(_leased_tasks(experiment_id, lookup.leases_at)).scalars())
-        return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, leased)
+            retirements = _read_retirements(conn, experiment_id, after_retirement)
+        return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, leased, retirements)
 
     def _feature(self, name: str) -> Any:
         """A task feature as a float column (NULL where missing)."""
@@ -451,7 +457,9 @@ class SqlStore(Store):
         )
 
     @_translate_errors
-    def insert_batch(self, experiment_id: int, batch: BatchRow, now: dt.datetime) -> BatchRow:
+    def insert_batch(
+        self, experiment_id: int, batch: BatchRow, now: dt.datetime, retirement_seq: int | None = None
+    ) -> BatchRow:
         with self._write() as conn:
             query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
             step = conn.execute(self._lock_row(query)).scalar_one_or_none()
@@ -459,6 +467,8 @@ class SqlStore(Store):
             if existing is not None:
                 return existing
             if step != batch.step:
+                raise StaleStep()
+            if retirement_seq is not None and _last_retirement(conn, experiment_id) != retirement_seq:
                 raise StaleStep()
             chosen = set(batch.task_idx)
             if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
@@ -516,6 +526,19 @@ class SqlStore(Store):
                 for i, s, n in zip(event.task_idx, event.successes, event.trials, strict=True)
             )
             self._bulk_insert(conn, t.outcomes, ("experiment_id", "step", "task_idx", "successes", "trials"), rows)
+
+    @_translate_errors
+    def commit_retirement(
+        self, experiment_id: int, seq: int, task_idx: Sequence[int], retired: bool, now: dt.datetime
+    ) -> RetirementEvent:
+        with self._write() as conn:
+            query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
+            step = conn.execute(self._lock_row(query)).scalar_one_or_none()
+            if step is None or _last_retirement(conn, experiment_id) != seq - 1:
+                raise StaleStep()
+            rows = ((experiment_id, seq, int(i), retired, step, now) for i in task_idx)
+            self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, rows)
+        return RetirementEvent(seq=seq, step=step, task_idx=list(task_idx), retired=retired)
 
     # -- dialect hooks ---------------------------------------------------------
 
@@ -586,6 +609,32 @@ def _open_batch(experiment_id: int, now: dt.datetime) -> sa.ColumnElement[bool]:
         t.batches.c.reported_step.is_(None),
         t.batches.c.lease_expire_time > now,
     )
+
+
+_RETIREMENT_COLUMNS = ("experiment_id", "seq", "task_idx", "retired", "step", "create_time")
+
+
+def _last_retirement(conn: Connection, experiment_id: int) -> int:
+    """The seq of the experiment's last retirement event, 0 if none."""
+    query = sa.select(sa.func.coalesce(sa.func.max(t.retirements.c.seq), 0)).where(
+        t.retirements.c.experiment_id == experiment_id
+    )
+    return int(conn.execute(query).scalar_one())
+
+
+def _read_retirements(conn: Connection, experiment_id: int, after_seq: int) -> list[RetirementEvent]:
+    """Retirement events after `after_seq`, ascending, each with its tasks ascending."""
+    rows = conn.execute(
+        sa.select(t.retirements.c.seq, t.retirements.c.step, t.retirements.c.task_idx, t.retirements.c.retired)
+        .where(t.retirements.c.experiment_id == experiment_id, t.retirements.c.seq > after_seq)
+        .order_by(t.retirements.c.seq, t.retirements.c.task_idx)
+    ).all()
+    events: list[RetirementEvent] = []
+    for r in rows:
+        if not events or events[-1].seq != r.seq:
+            events.append(RetirementEvent(seq=r.seq, step=r.step, task_idx=[], retired=bool(r.retired)))
+        events[-1].task_idx.append(r.task_idx)
+    return events
 
 
 def _config_json(config: Mapping[str, Any]) -> str:

@@ -148,7 +148,7 @@ class ForkExperimentRequest(_message.Message):
     def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ...) -> None: ...
 
 class RestoreExperimentRequest(_message.Message):
-    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks")
+    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class RestoreExperimentRequest(_message.Message):
     BETA_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TASKS_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: ExperimentConfig
     step: int
@@ -169,7 +170,8 @@ class RestoreExperimentRequest(_message.Message):
     beta: _containers.RepeatedScalarFieldContainer[float]
     features: _containers.RepeatedCompositeFieldContainer[Features]
     total_tasks: int
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ...) -> None: ...
+    retired: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("values",)
@@ -280,15 +282,35 @@ class SnapshotRequest(_message.Message):
     def __init__(self, experiment: _Optional[str] = ..., include_features: _Optional[bool] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("experiment", "keys", "alpha", "beta", "features")
+    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
     experiment: Experiment
     keys: _containers.RepeatedScalarFieldContainer[str]
     alpha: _containers.RepeatedScalarFieldContainer[float]
     beta: _containers.RepeatedScalarFieldContainer[float]
     features: _containers.RepeatedCompositeFieldContainer[Features]
-    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ...) -> None: ...
+    retired: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class RetireTasksRequest(_message.Message):
+    __slots__ = ("experiment", "keys")
+    EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    experiment: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, experiment: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RetireTasksResponse(_message.Message):
+    __slots__ = ("changed", "num_retired", "num_tasks")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    NUM_RETIRED_FIELD_NUMBER: _ClassVar[int]
+    NUM_TASKS_FIELD_NUMBER: _ClassVar[int]
+    changed: int
+    num_retired: int
+    num_tasks: int
+    def __init__(self, changed: _Optional[int] = ..., num_retired: _Optional[int] = ..., num_tasks: _Optional[int] = ...) -> None: ...

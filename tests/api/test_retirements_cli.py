@@ -1,0 +1,45 @@
+"""`bots-server tasks retire|reactivate`: by key and from a file, against a
+real server; a bad key exits 1 naming it and changes nothing."""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from pathlib import Path
+
+import bots_client
+from bots_client import Task
+from tests.api.test_server_ops import cli
+from tests.support.servers import ServerProcess
+
+
+def test_cli_retires_and_reactivates_by_key_and_from_a_file(server: ServerProcess, tmp_path: Path) -> None:
+    name = f"cli-retire-{uuid.uuid4().hex[:8]}"
+    with bots_client.Client(server.address) as client:
+        client.create_experiment(name)
+        client.add_tasks(name, [Task(f"t{i}") for i in range(6)])
+
+    by_key = cli(server, "tasks", "retire", name, "t0", "t1")
+    assert by_key.returncode == 0, by_key.stderr
+    assert "retired 2 of 2 tasks" in by_key.stdout and "2 of 6 tasks are retired" in by_key.stdout
+
+    listed = tmp_path / "broken.txt"
+    listed.write_text("# leaked into the eval set\nt1\n\nt2\nt3\n")
+    from_file = cli(server, "tasks", "retire", name, "--from-file", str(listed))
+    assert from_file.returncode == 0, from_file.stderr
+    assert "retired 2 of 3 tasks" in from_file.stdout and "(1 already were)" in from_file.stdout
+
+    unknown = cli(server, "tasks", "reactivate", name, "t0", "nope")
+    assert unknown.returncode == 1
+    assert "INVALID_ARGUMENT" in unknown.stderr and "'nope'" in unknown.stderr
+
+    back = cli(server, "tasks", "reactivate", name, "t0")
+    assert back.returncode == 0 and "3 of 6 tasks are retired" in back.stdout, back.stderr
+
+    exported = cli(server, "export", name, "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(exported.stdout)))
+    assert {r["key"] for r in rows if r["retired"] == "1"} == {"t1", "t2", "t3"}
+
+    empty = cli(server, "tasks", "retire", name)
+    assert empty.returncode == 1 and "no task keys given" in empty.stderr
