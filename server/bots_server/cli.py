@@ -7,6 +7,8 @@
     bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT] ...
     bots-server tasks retire NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
     bots-server tasks reactivate NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
+    bots-server groups list NAME [--server HOST:PORT] ...
+    bots-server groups set NAME [GROUP=SHARE | GROUP=MIN:MAX ...] [--server HOST:PORT] ...
 
 The ops commands read a bearer token from BOTS_TOKEN.
 """
@@ -197,6 +199,44 @@ def _retire(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_groups(groups: list[bots_client.GroupInfo]) -> None:
+    print(f"{'GROUP':<24} {'TASKS':>8} {'RETIRED':>8} {'SHARE':>11} {'MEAN':>6} NEAR_TARGET")
+    for g in groups:
+        share = "-" if g.min_share is None else (
+            f"{g.min_share:g}" if g.min_share == g.max_share else f"{g.min_share:g}:{g.max_share:g}"
+        )  # fmt: skip
+        name = g.name or "(none)"
+        print(f"{name:<24} {g.num_tasks:>8} {g.num_retired:>8} {share:>11} {g.mean_success:>6.3f} {g.near_target:.3f}")
+
+
+def _groups_list(args: argparse.Namespace) -> int:
+    with _connect(args) as client:
+        _print_groups(client.list_groups(args.name))
+    return 0
+
+
+def _share(text: str) -> tuple[str, float | tuple[float, float]]:
+    """GROUP=SHARE or GROUP=MIN:MAX."""
+    group, sep, value = text.rpartition("=")
+    if not sep or not group:
+        raise argparse.ArgumentTypeError(f"expected GROUP=SHARE or GROUP=MIN:MAX, got {text!r}")
+    try:
+        low, colon, high = value.partition(":")
+        return group, (float(low), float(high)) if colon else float(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: shares are numbers in [0, 1]") from None
+
+
+def _groups_set(args: argparse.Namespace) -> int:
+    shares = dict(args.shares)
+    if len(shares) != len(args.shares):
+        print("error: a group is named more than once", file=sys.stderr)
+        return 1
+    with _connect(args) as client:
+        _print_groups(client.set_group_shares(args.name, shares))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bots-server", description="BOTS selection service")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -252,6 +292,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--from-file", default="", help="also the keys in this file, one per line ('-': standard input)")
         _connection_arguments(p)
         p.set_defaults(run=_retire)
+
+    groups = commands.add_parser("groups", help="list an experiment's groups, or set their shares of each batch")
+    group_actions = groups.add_subparsers(dest="action", required=True)
+    group_list = group_actions.add_parser("list", help="groups with sizes, shares and posterior signals")
+    group_list.add_argument("name", help="experiment")
+    group_list.set_defaults(run=_groups_list)
+    group_set = group_actions.add_parser(
+        "set", help="replace the shares: GROUP=SHARE (fixed) or GROUP=MIN:MAX; none: no quotas; all or nothing"
+    )
+    group_set.add_argument("name", help="experiment")
+    group_set.add_argument("shares", nargs="*", type=_share, help="GROUP=SHARE or GROUP=MIN:MAX")
+    group_set.set_defaults(run=_groups_set)
+    for p in (group_list, group_set):
+        _connection_arguments(p)
     return parser
 
 

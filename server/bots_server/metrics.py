@@ -126,6 +126,11 @@ class ExperimentMetrics(SelectorObserver, Collector):
         self.steps = Counter("bots_steps_total", "Reports applied (steps) on this replica.", exp, registry=registry)
         self.step = Gauge("bots_experiment_step", "The experiment's current step.", exp, registry=registry)
         self.tasks = Gauge("bots_experiment_tasks", "Tasks in the experiment's pool.", exp, registry=registry)
+        self.group_tasks_selected = Counter(
+            "bots_group_tasks_selected_total",
+            "Tasks handed out in new batches, per group (at most 64 groups per experiment).",
+            ("experiment", "group"), registry=registry,
+        )  # fmt: skip
         self.retired_tasks = Gauge(
             "bots_experiment_retired_tasks", "Tasks of the pool that are retired (never selected).", exp,
             registry=registry,
@@ -193,6 +198,7 @@ class ExperimentMetrics(SelectorObserver, Collector):
             self.batch_informative, self.capability, self.checkpoint_last_seconds, self.checkpoint_timestamp,
         )  # fmt: skip
         self._views: dict[str, _ExperimentView] = {}
+        self._groups: dict[str, set[str]] = {}  # labels of group_tasks_selected, to drop with the experiment
         # Deleted experiments whose late hooks (queued before the delete, run
         # after it on another thread) must not bring their series back.
         self._removed: set[str] = set()
@@ -284,6 +290,13 @@ class ExperimentMetrics(SelectorObserver, Collector):
         if not self._gone(experiment):
             self.tasks.labels(experiment).set(num_tasks)
 
+    def groups_selected(self, experiment: str, counts: dict[str, int]) -> None:
+        if not self._gone(experiment):
+            with self._lock:
+                self._groups.setdefault(experiment, set()).update(counts)
+            for group, count in counts.items():
+                self.group_tasks_selected.labels(experiment, group).inc(count)
+
     def tasks_retired(self, experiment: str, num_retired: int, num_tasks: int) -> None:
         if not self._gone(experiment):
             self.retired_tasks.labels(experiment).set(num_retired)
@@ -296,6 +309,11 @@ class ExperimentMetrics(SelectorObserver, Collector):
         for metric in self._labelled:
             with contextlib.suppress(KeyError):
                 metric.remove(experiment)
+        with self._lock:
+            groups = self._groups.pop(experiment, set())
+        for group in groups:
+            with contextlib.suppress(KeyError):
+                self.group_tasks_selected.remove(experiment, group)
 
     # -- scrape time (exporter thread) ---------------------------------------------
 

@@ -43,3 +43,21 @@ def test_cli_retires_and_reactivates_by_key_and_from_a_file(server: ServerProces
 
     empty = cli(server, "tasks", "retire", name)
     assert empty.returncode == 1 and "no task keys given" in empty.stderr
+
+
+def test_cli_lists_groups_and_sets_their_shares(server: ServerProcess) -> None:
+    name = f"cli-groups-{uuid.uuid4().hex[:8]}"
+    with bots_client.Client(server.address) as client:
+        client.create_experiment(name)
+        client.add_tasks(name, [Task(f"m{i}", {}, "math") for i in range(6)] + [Task(f"c{i}", {}, "code") for i in range(4)])
+
+    shares = cli(server, "groups", "set", name, "math=0.6", "code=0.2:0.8")
+    assert shares.returncode == 0, shares.stderr
+    rows = {line.split()[0]: line.split() for line in shares.stdout.splitlines()[1:]}
+    assert rows["math"][1:4] == ["6", "0", "0.6"] and rows["code"][1:4] == ["4", "0", "0.2:0.8"]
+
+    bad = cli(server, "groups", "set", name, "math=0.5", "poetry=0.5")
+    assert bad.returncode == 1 and "'poetry'" in bad.stderr and "INVALID_ARGUMENT" in bad.stderr
+
+    listing = cli(server, "groups", "list", name)
+    assert listing.returncode == 0 and "0.6" in listing.stdout, listing.stderr

@@ -24,7 +24,17 @@ from bots_client.errors import (
     UnavailableError,
 )
 from bots_client.security import bearer, tls_credentials
-from bots_client.types import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, RetireResult, Snapshot, Task
+from bots_client.types import (
+    Batch,
+    Experiment,
+    ExperimentConfig,
+    GroupInfo,
+    Outcome,
+    ReportResult,
+    RetireResult,
+    Snapshot,
+    Task,
+)
 
 __all__ = [
     "AlreadyExistsError",
@@ -37,6 +47,7 @@ __all__ = [
     "Experiment",
     "ExperimentConfig",
     "FailedPreconditionError",
+    "GroupInfo",
     "InvalidArgumentError",
     "NotFoundError",
     "Outcome",

@@ -22,7 +22,16 @@ from google.protobuf.message import Message
 from bots_client import _convert
 from bots_client.errors import AlreadyExistsError, ConfigMismatchError
 from bots_client.proto import bots_pb2 as pb
-from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, RetireResult, Snapshot, Task
+from bots_client.types import (
+    Batch,
+    Experiment,
+    ExperimentConfig,
+    GroupInfo,
+    ReportResult,
+    RetireResult,
+    Snapshot,
+    Task,
+)
 
 T = TypeVar("T")
 
@@ -144,6 +153,38 @@ def retire_tasks(experiment: str, keys: Iterable[str], retired: bool) -> Call[Re
     )
 
 
+ShareValue = float | tuple[float, float]
+
+
+def set_group_shares(experiment: str, shares: Mapping[str, ShareValue]) -> Call[list[GroupInfo]]:
+    """`shares`: group -> a fixed share, or (min, max)."""
+    request = pb.SetGroupSharesRequest(experiment=experiment)
+    for group, share in shares.items():
+        low, high = (share, share) if isinstance(share, (int, float)) else share
+        request.shares.add(group=group, min_share=float(low), max_share=float(high))
+    # Idempotent: setting the same shares again leaves the same shares.
+    return groups_from_proto((yield Rpc("SetGroupShares", request, idempotent=True)))
+
+
+def list_groups(experiment: str) -> Call[list[GroupInfo]]:
+    return groups_from_proto((yield Rpc("ListGroups", pb.ListGroupsRequest(experiment=experiment), idempotent=True)))
+
+
+def groups_from_proto(response: pb.ListGroupsResponse) -> list[GroupInfo]:
+    return [
+        GroupInfo(
+            name=g.name,
+            num_tasks=g.num_tasks,
+            num_retired=g.num_retired,
+            min_share=g.min_share if g.HasField("min_share") else None,
+            max_share=g.max_share if g.HasField("max_share") else None,
+            mean_success=g.mean_success,
+            near_target=g.near_target,
+        )
+        for g in response.groups
+    ]
+
+
 def snapshot(experiment: str, include_features: bool) -> Call[Snapshot]:
     request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
     chunks = yield Rpc("Snapshot", request, streams_response=True, bulk=True, idempotent=True)
@@ -177,6 +218,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
     beta: list[float] = []
     features: list[dict[str, float]] = []
     retired: list[bool] = []
+    groups: list[str] = []
     experiment = None
     for chunk in chunks:
         if chunk.HasField("experiment"):
@@ -186,6 +228,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         beta.extend(chunk.beta)
         features.extend(dict(f.values) for f in chunk.features)
         retired.extend(chunk.retired)
+        groups.extend(chunk.groups)
     if experiment is None:
         raise RuntimeError("snapshot stream ended without the experiment header")
     return Snapshot(
@@ -196,6 +239,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         features if include_features else None,
         # A server from before retirements sends none: nothing is retired.
         np.asarray(retired, dtype=bool) if retired else np.zeros(len(keys), dtype=bool),
+        groups if groups else None,
     )
 
 
@@ -234,6 +278,9 @@ def restore_chunks(
         current.features.append(pb.Features(values=f))
         if retired is not None:
             current.retired.append(bool(retired[i]))
+        if snapshot.groups is not None:
+            current.groups.append(snapshot.groups[i])
+            task_size += _utf8_size(snapshot.groups[i]) + 2
         size += task_size + 1
     return chunks
 

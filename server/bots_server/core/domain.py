@@ -55,6 +55,21 @@ def config_settings() -> list[tuple[str, Setting, Any]]:
 class Task:
     key: str
     features: Mapping[str, float] = field(default_factory=dict)
+    group: str = ""  # e.g. its dataset; "": none
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """One group of an experiment's pool: its size, its share range (None:
+    no quota) and what the posterior says of it."""
+
+    name: str
+    num_tasks: int
+    num_retired: int
+    min_share: float | None
+    max_share: float | None
+    mean_success: float  # mean of its tasks' posterior means
+    near_target: float  # fraction of its tasks whose posterior mean is within the target band
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,7 @@ class Snapshot:
     beta: list[float]
     features: list[dict[str, float]] | None
     retired: list[bool] | None = None  # per task; None: none retired
+    groups: list[str] | None = None  # per task ("": none); None: no groups
 
 
 @dataclass(frozen=True)
@@ -131,3 +147,4 @@ class RestoreData:
     beta: list[float]
     features: list[dict[str, float]]
     retired: list[bool] = field(default_factory=list)  # per task; empty: none retired
+    groups: list[str] = field(default_factory=list)  # per task; empty: no groups

@@ -84,6 +84,7 @@ class Experiments:
                 forked_from=source,
                 source_id=live.id,
                 retired=np.flatnonzero(live.retired).tolist(),  # a broken task stays retired in the fork
+                shares=dict(live.shares),
             )
             row = await rt.db(rt.store.create_copy, copy, rt.clock())
         log.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
@@ -105,10 +106,11 @@ class Experiments:
             data.features,
             data.capability,
         )
-        if data.retired and len(data.retired) != len(data.keys):
-            raise InvalidArgument(
-                f"snapshot arrays differ in length: {len(data.keys)} keys, {len(data.retired)} retired flags"
-            )
+        for what, values in (("retired flags", data.retired), ("groups", data.groups)):
+            if values and len(values) != len(data.keys):
+                raise InvalidArgument(f"snapshot arrays differ in length: {len(data.keys)} keys, {len(values)} {what}")
+        if data.groups:
+            await rt.run(validation.snapshot_groups, data.groups)
         copy = ExperimentCopy(
             name=data.name,
             config=data.config.to_dict(),
@@ -120,6 +122,7 @@ class Experiments:
             keys=data.keys,
             features=data.features,
             retired=[i for i, r in enumerate(data.retired) if r],
+            groups=data.groups or None,
         )
         row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
         log.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
@@ -132,6 +135,7 @@ class Experiments:
             live, _ = await rt.ready(name)
             state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
             retired = live.retired
+            groups = [live.group_names[g] for g in live.group_of.tolist()] if live.has_groups else None
         row = await rt.db(rt.store.find_experiment, name)
         if row is None or row.id != live.id:
             raise NotFound(f"experiment {name!r} not found")
@@ -139,7 +143,7 @@ class Experiments:
         experiment = summary(dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches)
         alpha, beta = await rt.run(lambda: (state.alpha.tolist(), state.beta.tolist()))
         features = await rt.db(rt.store.load_features, live.id, len(keys)) if include_features else None
-        return Snapshot(experiment, keys, alpha, beta, features, retired.tolist())
+        return Snapshot(experiment, keys, alpha, beta, features, retired.tolist(), groups)
 
 
 def summary(row: ExperimentRow, open_batches: int) -> Experiment:

@@ -152,12 +152,12 @@ class Runtime:
             after_step=live.step,
             first_task=live.num_tasks,
             lookup=lookup,
-            after_retirement=live.retirement_seq,
+            after_pool_event=live.pool_seq,
         )
         if rows is None or rows.experiment.name != live.name:
             self.forget(live.name)
             raise NotFound(f"experiment {live.name!r} not found")
-        if rows.keys or rows.events or rows.retirements:
+        if rows.keys or rows.events or rows.pool_events:
             await self.run(live.catch_up, rows)
         return rows
 

@@ -48,6 +48,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         beta: list[float] = []
         features: list[dict[str, float]] = []
         retired: list[bool] = []
+        groups: list[str] = []
         async for chunk in request_iterator:
             if first is None:
                 first = chunk
@@ -58,6 +59,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             beta.extend(chunk.beta)
             features.extend(dict(f.values) for f in chunk.features)
             retired.extend(chunk.retired)
+            groups.extend(chunk.groups)
         if first is None:
             raise InvalidArgument("RestoreExperiment: empty stream")
         _check_complete("RestoreExperiment", first, len(keys))
@@ -72,6 +74,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             beta=beta,
             features=features,
             retired=retired,
+            groups=groups,
         )
         return convert.experiment_to_proto(await self.core.experiments.restore(data))
 
@@ -145,6 +148,17 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         result = await self.core.pool.set_retired(request.experiment, list(request.keys), retired=False)
         return convert.retire_to_proto(result)
 
+    @unary
+    async def SetGroupShares(
+        self, request: pb.SetGroupSharesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListGroupsResponse:
+        shares = convert.shares_from_proto(request.shares)
+        return convert.groups_to_proto(await self.core.pool.set_group_shares(request.experiment, shares))
+
+    @unary
+    async def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext) -> pb.ListGroupsResponse:
+        return convert.groups_to_proto(await self.core.pool.groups(request.experiment))
+
     @server_streaming
     async def Snapshot(
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
@@ -156,6 +170,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             size += len(key.encode()) + _PER_TASK_OVERHEAD
             if snap.features is not None:
                 size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
+            if snap.groups is not None:
+                size += len(snap.groups[i].encode()) + 2
             if size >= SNAPSHOT_CHUNK_BYTES:
                 yield _fill(chunk, snap, start, i + 1)
                 chunk, start, size = pb.SnapshotChunk(), i + 1, 0
@@ -180,4 +196,6 @@ def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int) -> pb.
         chunk.features.extend(pb.Features(values=f) for f in snap.features[start:stop])
     if snap.retired is not None:
         chunk.retired.extend(snap.retired[start:stop])
+    if snap.groups is not None:
+        chunk.groups.extend(snap.groups[start:stop])
     return chunk

@@ -23,8 +23,10 @@ from bots_server.store.records import (
     ExperimentRow,
     LoadedRows,
     Lookup,
+    PoolEvent,
     RetirementEvent,
     SchemaStatus,
+    SharesEvent,
     StepEvent,
 )
 
@@ -70,8 +72,10 @@ __all__ = [
     "LeaseConflict",
     "LoadedRows",
     "Lookup",
+    "PoolEvent",
     "RetirementEvent",
     "SchemaStatus",
+    "SharesEvent",
     "StaleStep",
     "StepEvent",
     "Store",

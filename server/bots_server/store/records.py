@@ -49,6 +49,20 @@ class RetirementEvent:
 
 
 @dataclass(frozen=True)
+class SharesEvent:
+    """One SetGroupShares call: the share range of each named group from
+    then on (groups not named: [0, 1]; empty: no quotas)."""
+
+    seq: int
+    step: int
+    shares: dict[str, tuple[float, float]]
+
+
+# The pool's events, numbered together (seq), applied in that order.
+PoolEvent = RetirementEvent | SharesEvent
+
+
+@dataclass(frozen=True)
 class CheckpointRow:
     step: int
     capability: float | None
@@ -90,7 +104,8 @@ class LoadedRows:
     events: list[StepEvent]  # steps after the requested one, ascending
     batch: BatchRow | None = None  # Lookup.batch_id / request_key
     leased: list[int] | None = None  # with Lookup.leases_at
-    retirements: list[RetirementEvent] = field(default_factory=list)  # after load's after_retirement, ascending
+    pool_events: list[PoolEvent] = field(default_factory=list)  # after load's after_pool_event, by seq
+    groups: list[str] = field(default_factory=list)  # the group of each task in `keys` ("": none)
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,8 @@ class ExperimentCopy:
     keys: list[str] | None = None
     features: list[dict[str, float]] | None = None
     retired: Sequence[int] = ()  # task indices that start retired
+    groups: list[str] | None = None  # with given keys: each task's group ("": none)
+    shares: Mapping[str, tuple[float, float]] | None = None  # group shares in force
 
 
 class SchemaStatus(NamedTuple):

@@ -57,6 +57,7 @@ tasks = Table(
     Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
     Column("key", String(1024), nullable=False),
     Column("features", Text, nullable=False),  # JSON object of named floats
+    Column("group_name", String(256), nullable=True),  # its group (revision 0004); NULL: none
     UniqueConstraint("experiment_id", "key", name="uq_tasks_experiment_key"),
 )
 
@@ -125,10 +126,12 @@ batch_tasks = Table(
     Column("task_idx", BigInteger, nullable=False),
 )
 
-# Retiring and re-activating tasks (revision 0004): one event per call
-# (`seq` 1, 2, ... per experiment), one row per task it changed, with the
-# experiment's step when it was committed. Replaying them in `seq` order gives
-# the retired mask; selection is the only thing it affects.
+# The pool's event log (revision 0004): retiring and re-activating tasks, and
+# setting group shares. Events are numbered `seq` 1, 2, ... per experiment
+# across both tables; each carries the experiment's step when it was
+# committed. Replayed in `seq` order they give the retired mask and the
+# shares in force; selection is the only thing they affect.
+# `retirements`: one row per task an event changed.
 retirements = Table(
     "retirements",
     metadata,
@@ -136,6 +139,18 @@ retirements = Table(
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
     Column("retired", Boolean, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("create_time", DateTime(timezone=True), nullable=False),
+)
+
+# `group_shares`: one row per event, the shares as a JSON object
+# {group: [min, max]} (an empty object clears them).
+group_shares = Table(
+    "group_shares",
+    metadata,
+    _experiment_id(),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("shares", Text, nullable=False),
     Column("step", BigInteger, nullable=False),
     Column("create_time", DateTime(timezone=True), nullable=False),
 )
