@@ -1,6 +1,7 @@
-"""Retirements under faults: a server SIGKILLed at random moments of a run that
-retires and re-activates tasks between its steps ends bit-identical to an
-uninterrupted run; two replicas on one PostgreSQL with a trainer on one and
+"""Pool events under faults: a server SIGKILLed at random moments of a run that
+retires and re-activates tasks and changes group shares between its steps
+ends bit-identical to an uninterrupted run, every batch with its exact group
+counts; two replicas on one PostgreSQL with a trainer on one and
 retirements on the other never hand out a task retired before the select
 began, and end with identical posteriors and retired masks."""
 
@@ -14,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 import bots_client
+from bots_client import Task
 from tests.faults.test_replicas import run_both
-from tests.support.crash import SERVER_ARGS, outcome, setup
+from tests.support.crash import CONFIG, SERVER_ARGS, outcome
 from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, require_postgres
 
 POOL = 120
@@ -29,13 +31,34 @@ def retired_now(step: int) -> list[str]:
     return [f"task-{(step * 7 + j) % POOL}" for j in range(5)]
 
 
+GROUPS = ("a", "b", "c")
+# Every fourth step the shares change: fixed (exact counts checked), or a cap on one group.
+FIXED = {"a": 0.5, "b": 0.25, "c": 0.25}
+CAPPED = {"a": (0.0, 0.125)}
+
+
+def group_of(key: str) -> str:
+    return GROUPS[int(key.split("-")[1]) % 3]
+
+
+def setup_groups(client: bots_client.Client, name: str) -> None:
+    client.create_experiment(name, CONFIG)
+    client.add_tasks(name, [Task(f"task-{i}", {"weak": 0.1, "strong": 0.5}, GROUPS[i % 3]) for i in range(POOL)])
+
+
 def churn(client: bots_client.Client, name: str, phase: list[str], calls: list[int] | None = None) -> list[list[str]]:
     """Each step: retire five tasks, select, report; every third step bring
-    back the five retired three steps before. `phase`: the call waited on;
-    `calls`: how many calls returned."""
+    back the five retired three steps before; every fourth, change the group
+    shares. `phase`: the call waited on; `calls`: how many calls returned."""
     calls = [0] if calls is None else calls
     picks = []
+    shares: dict[str, object] = {}
     for step in range(STEPS):
+        if step % 4 == 0:
+            phase[0] = "shares"
+            shares = dict(FIXED) if step % 8 == 0 else dict(CAPPED)
+            client.set_group_shares(name, shares)  # type: ignore[arg-type]
+            calls[0] += 1
         phase[0] = "retire"
         client.retire_tasks(name, retired_now(step))
         calls[0] += 1
@@ -47,6 +70,11 @@ def churn(client: bots_client.Client, name: str, phase: list[str], calls: list[i
         batch = client.select_batch(name, BATCH, request_key=f"step-{step}")
         calls[0] += 1
         assert not set(batch.keys) & set(retired_now(step))
+        got = [group_of(k) for k in batch.keys]
+        if shares == FIXED:
+            assert (got.count("a"), got.count("b"), got.count("c")) == (8, 4, 4)
+        else:
+            assert got.count("a") <= 2
         phase[0] = "report"
         client.report_outcomes(name, batch.batch_id, {k: outcome(k, step) for k in batch.keys})
         calls[0] += 1
@@ -58,7 +86,8 @@ def churn(client: bots_client.Client, name: str, phase: list[str], calls: list[i
 def state(client: bots_client.Client, name: str) -> tuple[object, ...]:
     snap = client.snapshot(name)
     assert snap.retired is not None
-    return snap.step, tuple(snap.keys), snap.alpha.tobytes(), snap.beta.tobytes(), snap.retired.tobytes()
+    groups = [(g.name, g.min_share, g.max_share) for g in client.list_groups(name)]
+    return snap.step, tuple(snap.keys), snap.alpha.tobytes(), snap.beta.tobytes(), snap.retired.tobytes(), groups
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -78,7 +107,7 @@ def test_random_kills_during_retirements_leave_the_run_identical(two_databases: 
     reference = ServerProcess(reference_db, extra_args=SERVER_ARGS).start()
     try:
         with bots_client.Client(reference.address) as client:
-            setup(client, "churn", POOL)
+            setup_groups(client, "churn")
             expected_picks = churn(client, "churn", ["setup"])
             expected = state(client, "churn")
     finally:
@@ -100,7 +129,7 @@ def test_random_kills_during_retirements_leave_the_run_identical(two_databases: 
             phase[0] = "done"
 
     try:
-        setup(client, "churn", POOL)
+        setup_groups(client, "churn")
         thread = threading.Thread(target=trainer, daemon=True)
         thread.start()
         rng = random.Random(7)
@@ -135,7 +164,7 @@ def test_retirements_on_one_replica_bind_selects_on_another() -> None:
     replicas = [ServerProcess(url).start() for _ in range(2)]
     try:
         clients = [bots_client.Client(r.address) for r in replicas]
-        setup(clients[0], "live", POOL)
+        setup_groups(clients[0], "live")
         acknowledged: list[tuple[float, set[str]]] = []  # (time the retirement returned, keys retired for good)
         selected: list[tuple[float, list[str]]] = []  # (time the select began, keys)
 
@@ -165,6 +194,11 @@ def test_retirements_on_one_replica_bind_selects_on_another() -> None:
         assert {k for k, r in zip(snap.keys, snap.retired.tolist(), strict=True) if r} == {  # type: ignore[union-attr]
             f"task-{j}" for j in range(48)
         }
+        # Shares set through one replica bind the next select through the other.
+        clients[1].set_group_shares("live", FIXED)  # type: ignore[arg-type]
+        got = [group_of(k) for k in clients[0].select_batch("live", BATCH, request_key="shared").keys]
+        assert (got.count("a"), got.count("b"), got.count("c")) == (8, 4, 4)
+        final = state(clients[0], "live")
         # A replica started afterwards rebuilds the same state from the store alone.
         late = ServerProcess(url).start()
         replicas.append(late)
