@@ -132,6 +132,8 @@ class Runtime:
         self.live[name] = live
         seconds = time.perf_counter() - started
         self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state, live.config.target_success), seconds)
+        if live.num_retired:
+            self.notify(self.observer.tasks_retired, name, live.num_retired, live.num_tasks)
         log.info(
             "experiment loaded",
             extra={
@@ -159,6 +161,8 @@ class Runtime:
             raise NotFound(f"experiment {live.name!r} not found")
         if rows.keys or rows.events or rows.pool_events:
             await self.run(live.catch_up, rows)
+        if rows.pool_events:  # retirements another replica committed
+            self.notify(self.observer.tasks_retired, live.name, live.num_retired, live.num_tasks)
         return rows
 
     def forget(self, name: str) -> LiveExperiment | None:
