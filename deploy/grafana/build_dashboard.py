@@ -262,6 +262,28 @@ def panels() -> list[dict[str, Any]]:
             (f"max by (experiment) (bots_experiment_step{{{EXP}}})", "{{experiment}} step"),
         ],
     )
+    p.panel(
+        "Batch share by group",
+        [
+            (
+                f"sum by (experiment, group) (rate(bots_group_tasks_selected_total{{{EXP}}}[$__rate_interval]))"
+                f" / ignoring (group) group_left () sum by (experiment) "
+                f"(rate(bots_group_tasks_selected_total{{{EXP}}}[$__rate_interval]))",
+                "{{experiment}} {{group}}",
+            )
+        ],
+        unit="percentunit",
+        stack=True,
+        minimum=0,
+        maximum=1,
+        description="Fraction of selected tasks per group (experiments whose tasks have groups): with group "
+        "shares set, each group's line sits at its share; a group below its minimum has too few free tasks.",
+    )
+    p.panel(
+        "Retired tasks",
+        [(f"max by (experiment) (bots_experiment_retired_tasks{{{EXP}}})", "{{experiment}}")],
+        description="Tasks retired from selection (RetireTasks), kept in the posterior.",
+    )
     p.row("Persistence")
     p.panel(
         "Checkpoint age",

@@ -6,6 +6,10 @@
     bots-server experiments show NAME [--server HOST:PORT] ...
     bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT] ...
     bots-server token --name WHO [--tenant T] [--role reader|writer|admin]
+    bots-server tasks retire NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
+    bots-server tasks reactivate NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
+    bots-server groups list NAME [--server HOST:PORT] ...
+    bots-server groups set NAME [GROUP=SHARE | GROUP=MIN:MAX ...] [--server HOST:PORT] ...
 
 The ops commands read a bearer token from BOTS_TOKEN.
 """
@@ -141,14 +145,23 @@ def _export(args: argparse.Namespace) -> int:
     to_stdout = args.output == "-"
     with contextlib.nullcontext(sys.stdout) if to_stdout else open(args.output, "w", newline="") as out:
         mean = snap.mean
+        retired = snap.retired if snap.retired is not None else [False] * len(snap.keys)
         if args.format == "csv":
             writer = csv.writer(out)
-            writer.writerow(["key", "alpha", "beta", "mean"])
+            writer.writerow(["key", "alpha", "beta", "mean", "retired"])
             for i, key in enumerate(snap.keys):
-                writer.writerow([key, repr(float(snap.alpha[i])), repr(float(snap.beta[i])), repr(float(mean[i]))])
+                writer.writerow(
+                    [key, repr(float(snap.alpha[i])), repr(float(snap.beta[i])), repr(float(mean[i])), int(retired[i])]
+                )
         else:
             for i, key in enumerate(snap.keys):
-                row = {"key": key, "alpha": float(snap.alpha[i]), "beta": float(snap.beta[i]), "mean": float(mean[i])}
+                row = {
+                    "key": key,
+                    "alpha": float(snap.alpha[i]),
+                    "beta": float(snap.beta[i]),
+                    "mean": float(mean[i]),
+                    "retired": bool(retired[i]),
+                }
                 out.write(json.dumps(row) + "\n")
     if not to_stdout:
         print(f"wrote {len(snap.keys)} tasks of {args.name!r} at step {snap.step} to {args.output}", file=sys.stderr)
@@ -176,6 +189,72 @@ def _token(args: argparse.Namespace) -> int:
     print(f"tenant = {json.dumps(args.tenant)}")
     print(f"role = {json.dumps(role.label)}")
     print(f'token_sha256 = "{hash_token(token)}"')
+    return 0
+
+
+def _task_keys(args: argparse.Namespace) -> list[str]:
+    """The keys on the command line, then those of --from-file: one per line,
+    blank lines and lines starting with # skipped; "-" reads standard input."""
+    keys = list(args.keys)
+    if args.from_file:
+        with contextlib.nullcontext(sys.stdin) if args.from_file == "-" else open(args.from_file) as lines:
+            keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return keys
+
+
+def _retire(args: argparse.Namespace) -> int:
+    keys = _task_keys(args)
+    if not keys:
+        print("error: no task keys given (as arguments or with --from-file)", file=sys.stderr)
+        return 1
+    with _connect(args) as client:
+        if args.action == "retire":
+            result = client.retire_tasks(args.name, keys)
+        else:
+            result = client.reactivate_tasks(args.name, keys)
+    done = "retired" if args.action == "retire" else "reactivated"
+    print(
+        f"{done} {result.changed} of {len(keys)} tasks of {args.name!r} ({len(keys) - result.changed} already were); "
+        f"{result.num_retired} of {result.num_tasks} tasks are retired"
+    )
+    return 0
+
+
+def _print_groups(groups: list[bots_client.GroupInfo]) -> None:
+    print(f"{'GROUP':<24} {'TASKS':>8} {'RETIRED':>8} {'SHARE':>11} {'MEAN':>6} NEAR_TARGET")
+    for g in groups:
+        share = "-" if g.min_share is None else (
+            f"{g.min_share:g}" if g.min_share == g.max_share else f"{g.min_share:g}:{g.max_share:g}"
+        )  # fmt: skip
+        name = g.name or "(none)"
+        print(f"{name:<24} {g.num_tasks:>8} {g.num_retired:>8} {share:>11} {g.mean_success:>6.3f} {g.near_target:.3f}")
+
+
+def _groups_list(args: argparse.Namespace) -> int:
+    with _connect(args) as client:
+        _print_groups(client.list_groups(args.name))
+    return 0
+
+
+def _share(text: str) -> tuple[str, float | tuple[float, float]]:
+    """GROUP=SHARE or GROUP=MIN:MAX."""
+    group, sep, value = text.rpartition("=")
+    if not sep or not group:
+        raise argparse.ArgumentTypeError(f"expected GROUP=SHARE or GROUP=MIN:MAX, got {text!r}")
+    try:
+        low, colon, high = value.partition(":")
+        return group, (float(low), float(high)) if colon else float(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: shares are numbers in [0, 1]") from None
+
+
+def _groups_set(args: argparse.Namespace) -> int:
+    shares = dict(args.shares)
+    if len(shares) != len(args.shares):
+        print("error: a group is named more than once", file=sys.stderr)
+        return 1
+    with _connect(args) as client:
+        _print_groups(client.set_group_shares(args.name, shares))
     return 0
 
 
@@ -221,6 +300,33 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", default="-", help="file to write (default: standard output)")
     _connection_arguments(export)
     export.set_defaults(run=_export)
+
+    tasks = commands.add_parser("tasks", help="retire or re-activate tasks of a running experiment")
+    task_actions = tasks.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("retire", "never select these tasks again (their posterior is kept); all or nothing"),
+        ("reactivate", "make retired tasks selectable again; all or nothing"),
+    ):
+        p = task_actions.add_parser(action, help=text)
+        p.add_argument("name", help="experiment")
+        p.add_argument("keys", nargs="*", help="task keys")
+        p.add_argument("--from-file", default="", help="also the keys in this file, one per line ('-': standard input)")
+        _connection_arguments(p)
+        p.set_defaults(run=_retire)
+
+    groups = commands.add_parser("groups", help="list an experiment's groups, or set their shares of each batch")
+    group_actions = groups.add_subparsers(dest="action", required=True)
+    group_list = group_actions.add_parser("list", help="groups with sizes, shares and posterior signals")
+    group_list.add_argument("name", help="experiment")
+    group_list.set_defaults(run=_groups_list)
+    group_set = group_actions.add_parser(
+        "set", help="replace the shares: GROUP=SHARE (fixed) or GROUP=MIN:MAX; none: no quotas; all or nothing"
+    )
+    group_set.add_argument("name", help="experiment")
+    group_set.add_argument("shares", nargs="*", type=_share, help="GROUP=SHARE or GROUP=MIN:MAX")
+    group_set.set_defaults(run=_groups_set)
+    for p in (group_list, group_set):
+        _connection_arguments(p)
 
     token = commands.add_parser(
         "token", help="make a bearer token and print it with its credentials-file entry (docs/security.md)"

@@ -126,6 +126,15 @@ class ExperimentMetrics(SelectorObserver, Collector):
         self.steps = Counter("bots_steps_total", "Reports applied (steps) on this replica.", exp, registry=registry)
         self.step = Gauge("bots_experiment_step", "The experiment's current step.", exp, registry=registry)
         self.tasks = Gauge("bots_experiment_tasks", "Tasks in the experiment's pool.", exp, registry=registry)
+        self.group_tasks_selected = Counter(
+            "bots_group_tasks_selected_total",
+            "Tasks handed out in new batches, per group (at most 64 groups per experiment).",
+            ("experiment", "group"), registry=registry,
+        )  # fmt: skip
+        self.retired_tasks = Gauge(
+            "bots_experiment_retired_tasks", "Tasks of the pool that are retired (never selected).", exp,
+            registry=registry,
+        )  # fmt: skip
         self.batches_selected = Counter(
             "bots_batches_selected_total", "New batches selected (not counting repeats of a request key).", exp,
             registry=registry,
@@ -184,7 +193,7 @@ class ExperimentMetrics(SelectorObserver, Collector):
             registry=registry,
         )
         self._labelled = (
-            self.steps, self.step, self.tasks, self.batches_selected, self.tasks_selected,
+            self.steps, self.step, self.tasks, self.retired_tasks, self.batches_selected, self.tasks_selected,
             self.tasks_reported, self.tasks_informative, self.rollouts, self.successes, self.batch_success_rate,
             self.batch_informative, self.capability, self.checkpoint_last_seconds, self.checkpoint_timestamp,
         )  # fmt: skip
@@ -194,6 +203,7 @@ class ExperimentMetrics(SelectorObserver, Collector):
             registry=registry,
         )
         self._views: dict[str, _ExperimentView] = {}
+        self._groups: dict[str, set[str]] = {}  # labels of group_tasks_selected, to drop with the experiment
         # Deleted experiments whose late hooks (queued before the delete, run
         # after it on another thread) must not bring their series back.
         self._removed: set[str] = set()
@@ -295,6 +305,18 @@ class ExperimentMetrics(SelectorObserver, Collector):
             if view is not None:
                 view.posterior = None
 
+    def groups_selected(self, experiment: str, counts: dict[str, int]) -> None:
+        if not self._gone(experiment):
+            with self._lock:
+                self._groups.setdefault(experiment, set()).update(counts)
+            for group, count in counts.items():
+                self.group_tasks_selected.labels(experiment, group).inc(count)
+
+    def tasks_retired(self, experiment: str, num_retired: int, num_tasks: int) -> None:
+        if not self._gone(experiment):
+            self.retired_tasks.labels(experiment).set(num_retired)
+            self.tasks.labels(experiment).set(num_tasks)
+
     def experiment_removed(self, experiment: str) -> None:
         with self._lock:
             self._views.pop(experiment, None)
@@ -302,6 +324,11 @@ class ExperimentMetrics(SelectorObserver, Collector):
         for metric in self._labelled:
             with contextlib.suppress(KeyError):
                 metric.remove(experiment)
+        with self._lock:
+            groups = self._groups.pop(experiment, set())
+        for group in groups:
+            with contextlib.suppress(KeyError):
+                self.group_tasks_selected.remove(experiment, group)
 
     # -- scrape time (exporter thread) ---------------------------------------------
 

@@ -224,9 +224,34 @@ CASES = [
         for method in (
             "CreateExperiment", "GetExperiment", "ListExperiments", "DeleteExperiment", "ForkExperiment",
             "SelectBatch", "ReportOutcomes", "Snapshot", "AddTasks", "RestoreExperiment",
+            "RetireTasks", "ReactivateTasks", "SetGroupShares", "ListGroups",
         )
         for payload in (b"\xff\xff\xff",)
     ],
+    # -- RetireTasks / ReactivateTasks -----------------------------------------
+    Case("retire-unknown-key", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment=e, keys=["t1", "nope"]), Code.INVALID_ARGUMENT, "has no tasks 'nope'"),
+    Case("retire-no-keys", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment=e), Code.INVALID_ARGUMENT, "no task keys given"),
+    Case("retire-repeated-key", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment=e, keys=["t1", "t1"]), Code.INVALID_ARGUMENT, "more than once"),
+    Case("retire-empty-key", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment=e, keys=[""]), Code.INVALID_ARGUMENT, "task key is empty"),
+    Case("retire-nul-key", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment=e, keys=["t\x001"]), Code.INVALID_ARGUMENT, "NUL"),
+    Case("retire-megabyte-key", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment=e, keys=[LONG]), Code.INVALID_ARGUMENT, "longer than"),
+    Case("retire-unknown-experiment", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment="nope", keys=["t1"]), Code.NOT_FOUND, "not found"),
+    Case("retire-bad-experiment-name", "RetireTasks", lambda e: pb.RetireTasksRequest(experiment="a b", keys=["t1"]), Code.INVALID_ARGUMENT, "is invalid"),
+    Case("reactivate-unknown-key", "ReactivateTasks", lambda e: pb.RetireTasksRequest(experiment=e, keys=["zz"]), Code.INVALID_ARGUMENT, "has no tasks 'zz'"),
+    Case("reactivate-unknown-experiment", "ReactivateTasks", lambda e: pb.RetireTasksRequest(experiment="nope", keys=["t1"]), Code.NOT_FOUND, "not found"),
+    # -- SetGroupShares / ListGroups -------------------------------------------
+    Case("shares-unknown-group", "SetGroupShares", lambda e: pb.SetGroupSharesRequest(experiment=e, shares=[pb.GroupShare(group="math", min_share=0.5, max_share=0.5)]), Code.INVALID_ARGUMENT, "no tasks in groups 'math'"),
+    Case("shares-empty-group", "SetGroupShares", lambda e: pb.SetGroupSharesRequest(experiment=e, shares=[pb.GroupShare(group="", min_share=1, max_share=1)]), Code.INVALID_ARGUMENT, "group is empty"),
+    Case("shares-repeated-group", "SetGroupShares", lambda e: pb.SetGroupSharesRequest(experiment=e, shares=[pb.GroupShare(group="g", max_share=1)] * 2), Code.INVALID_ARGUMENT, "more than once"),
+    Case("shares-too-many", "SetGroupShares", lambda e: pb.SetGroupSharesRequest(experiment=e, shares=[pb.GroupShare(group=f"g{i}", max_share=1) for i in range(65)]), Code.INVALID_ARGUMENT, "at most 64 groups"),
+    Case("shares-megabyte-group", "SetGroupShares", lambda e: pb.SetGroupSharesRequest(experiment=e, shares=[pb.GroupShare(group=LONG, max_share=1)]), Code.INVALID_ARGUMENT, "longer than"),
+    Case("shares-unknown-experiment", "SetGroupShares", lambda e: pb.SetGroupSharesRequest(experiment="nope"), Code.NOT_FOUND, "not found"),
+    Case("groups-unknown-experiment", "ListGroups", lambda e: pb.ListGroupsRequest(experiment="nope"), Code.NOT_FOUND, "not found"),
+    Case("groups-bad-experiment-name", "ListGroups", lambda e: pb.ListGroupsRequest(experiment=""), Code.INVALID_ARGUMENT, "is invalid"),
+    # -- retired flags and groups in restores and uploads ------------------------
+    Case("restore-retired-length", "RestoreExperiment", restore({**one(), "retired": [True, False]}), Code.INVALID_ARGUMENT, "2 retired flags"),
+    Case("restore-groups-length", "RestoreExperiment", restore({**one(), "groups": ["a", "b"]}), Code.INVALID_ARGUMENT, "2 groups"),
+    Case("add-megabyte-group", "AddTasks", add(pb.AddTasksRequest(experiment="EXP", tasks=[pb.Task(key="new", group=LONG)])), Code.INVALID_ARGUMENT, "group"),
     Case("bad-utf8-name", "raw:GetExperiment", lambda e: b"\x0a\x02\xff\xfe", Code.INVALID_ARGUMENT, "UTF-8"),
     Case("bad-utf8-task-key", "raw:AddTasks", lambda e: [pb.AddTasksRequest(experiment=e).SerializeToString(), b"\x12\x04\x0a\x02\xff\xfe"], Code.INVALID_ARGUMENT, "UTF-8"),
 ]

@@ -41,6 +41,18 @@ def test_repeat_pattern_matches_trl_repeat_sampler(client: bots_client.Client, e
     assert [i - reference[0] for i in reference] == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
 
 
+def test_group_column_puts_each_task_in_its_dataset(client: bots_client.Client, exp_name: str) -> None:
+    dataset = {"task_key": [f"k{i}" for i in range(N_TASKS)], "source": ["code"] * 4 + ["math"] * 8}
+    bots = BotsGRPO(client, exp_name, dataset=dataset, group_column="source", config=EXACT)
+    bots.curriculum.ensure_ready()
+    assert [(g.name, g.num_tasks) for g in client.list_groups(exp_name)] == [("code", 4), ("math", 8)]
+    client.set_group_shares(exp_name, {"code": 0.25, "math": 0.75})
+    keys = bots.curriculum.select(0, batch_size=4).keys
+    assert sorted(dataset["source"][int(k[1:])] for k in keys) == ["code", "math", "math", "math"]
+    with pytest.raises(TypeError, match="pass dataset= too"):
+        BotsGRPO(client, exp_name, keys=["k0"], group_column="source")
+
+
 def _tiny_model_and_tokenizer() -> tuple[Any, Any]:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast

@@ -296,3 +296,17 @@ def test_verl_is_not_needed_for_the_contract() -> None:
         from verl.experimental.dataset.sampler import AbstractCurriculumSampler
 
         assert issubclass(cls, AbstractCurriculumSampler)
+
+
+def test_group_field_puts_each_task_in_its_data_source(address: str, client: bots_client.Client, exp_name: str) -> None:
+    dataset = RLHFLike()
+    for i, row in enumerate(dataset.dataframe.rows):
+        row["data_source"] = "gsm8k" if i < 8 else "math"
+    sampler = BotsCurriculumSampler(dataset, data_config(address, exp_name, group_field="data_source"))
+    assert sampler.curriculum.groups == ["gsm8k"] * 8 + ["math"] * 4
+    sampler.curriculum.ensure_ready()
+    assert [(g.name, g.num_tasks) for g in client.list_groups(exp_name)] == [("gsm8k", 8), ("math", 4)]
+    client.set_group_shares(exp_name, {"gsm8k": 0.5, "math": 0.5})
+    keys = sampler.curriculum.select(0, batch_size=4).keys
+    by_source = sorted(dataset.dataframe.rows[int(k) - 1000]["data_source"] for k in keys)
+    assert by_source == ["gsm8k", "gsm8k", "math", "math"]

@@ -29,6 +29,7 @@ TASK_SELECTOR = "bots.v1.TaskSelector"
 ALLOWED_LABELS = {
     "grpc_type", "grpc_service", "grpc_method", "grpc_code",  # per RPC
     "experiment", "band", "percentile", "kind", "le",  # ours
+    "group",  # a task group: at most 64 per experiment (core/limits.py)
     "version", "python",  # bots_build_info
     "generation", "implementation", "major", "minor", "patchlevel",  # prometheus_client's process/GC/platform
 }  # fmt: skip
@@ -233,6 +234,25 @@ def test_deleting_an_experiment_removes_its_series(metrics_server: MetricsServer
         eventually(metrics_server.scrape, lambda text: f'experiment="{name}"' in text, what="series exist")
         client.delete_experiment(name)
     eventually(metrics_server.scrape, lambda text: f'experiment="{name}"' not in text, what="series removed")
+
+
+def test_retired_tasks_and_tasks_selected_per_group(metrics_server: MetricsServer) -> None:
+    name = unique("pools")
+    with bots_client.Client(metrics_server.address) as client:
+        client.create_experiment(name, ExperimentConfig(seed=8))
+        client.add_tasks(name, [Task(f"m{i}", {}, "math") for i in range(12)] + [Task(f"c{i}", {}, "code") for i in range(8)])
+        client.retire_tasks(name, ["m0", "m1", "c0"])
+        client.set_group_shares(name, {"math": 0.75, "code": 0.25})
+        for step in range(3):
+            batch = client.select_batch(name, 4, request_key=f"s{step}")
+            client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
+
+    def selected(group: str) -> float | None:
+        return value(metrics_server.samples(), "bots_group_tasks_selected_total", experiment=name, group=group)
+
+    eventually(lambda: selected("code"), lambda v: v == 3.0, what="code: 1 of 4 in each of 3 batches")
+    assert selected("math") == 9.0
+    assert value(metrics_server.samples(), "bots_experiment_retired_tasks", experiment=name) == 3.0
 
 
 def test_label_sets_are_bounded_and_task_keys_never_labels(metrics_server: MetricsServer) -> None:

@@ -30,8 +30,11 @@ PRINCIPALS = {
     "a-admin": ("team-a", "admin"),
     "b-writer": ("team-b", "writer"),
 }
-READS = {"GetExperiment", "Snapshot"}
-CHANGES = {"CreateExperiment", "ForkExperiment", "RestoreExperiment", "DeleteExperiment", "AddTasks", "SelectBatch", "ReportOutcomes"}
+READS = {"GetExperiment", "Snapshot", "ListGroups"}
+CHANGES = {
+    "CreateExperiment", "ForkExperiment", "RestoreExperiment", "DeleteExperiment", "AddTasks", "SelectBatch",
+    "ReportOutcomes", "RetireTasks", "ReactivateTasks", "SetGroupShares",
+}  # fmt: skip
 RPCS = sorted(READS | CHANGES)
 OK = grpc.StatusCode.OK
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -113,6 +116,10 @@ def request_for(rpc: str, reference: str, tenant_prefix: str, batch_id: str, bat
         "DeleteExperiment": pb.DeleteExperimentRequest(name=reference),
         "AddTasks": pb.AddTasksRequest(experiment=reference, tasks=[pb.Task(key="extra")]),
         "SelectBatch": pb.SelectBatchRequest(experiment=reference, batch_size=1),
+        "RetireTasks": pb.RetireTasksRequest(experiment=reference, keys=["k5"]),
+        "ReactivateTasks": pb.RetireTasksRequest(experiment=reference, keys=["k5"]),
+        "SetGroupShares": pb.SetGroupSharesRequest(experiment=reference),
+        "ListGroups": pb.ListGroupsRequest(experiment=reference),
         "ReportOutcomes": pb.ReportOutcomesRequest(
             experiment=reference, batch_id=batch_id, outcomes=[pb.Outcome(key=k, successes=1, trials=2) for k in batch_keys]
         ),

@@ -25,7 +25,17 @@ from bots_client.errors import (
     UnavailableError,
 )
 from bots_client.security import bearer, tls_credentials
-from bots_client.types import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, Snapshot, Task
+from bots_client.types import (
+    Batch,
+    Experiment,
+    ExperimentConfig,
+    GroupInfo,
+    Outcome,
+    ReportResult,
+    RetireResult,
+    Snapshot,
+    Task,
+)
 
 __all__ = [
     "AlreadyExistsError",
@@ -39,12 +49,14 @@ __all__ = [
     "Experiment",
     "ExperimentConfig",
     "FailedPreconditionError",
+    "GroupInfo",
     "InvalidArgumentError",
     "NotFoundError",
     "Outcome",
     "PermissionDeniedError",
     "ReportResult",
     "ResourceExhaustedError",
+    "RetireResult",
     "Snapshot",
     "Task",
     "UnauthenticatedError",

@@ -22,7 +22,16 @@ from google.protobuf.message import Message
 from bots_client import _convert
 from bots_client.errors import AlreadyExistsError, ConfigMismatchError
 from bots_client.proto import bots_pb2 as pb
-from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
+from bots_client.types import (
+    Batch,
+    Experiment,
+    ExperimentConfig,
+    GroupInfo,
+    ReportResult,
+    RetireResult,
+    Snapshot,
+    Task,
+)
 
 T = TypeVar("T")
 
@@ -135,6 +144,47 @@ def report_outcomes(experiment: str, batch_id: str, outcomes: Mapping[str, Outco
     return _convert.report_from_proto((yield Rpc("ReportOutcomes", request, idempotent=True)))
 
 
+def retire_tasks(experiment: str, keys: Iterable[str], retired: bool) -> Call[RetireResult]:
+    # Idempotent: a repeat sets the same state (it then reports changed=0).
+    request = pb.RetireTasksRequest(experiment=experiment, keys=list(keys))
+    response = yield Rpc("RetireTasks" if retired else "ReactivateTasks", request, idempotent=True)
+    return RetireResult(
+        changed=int(response.changed), num_retired=int(response.num_retired), num_tasks=int(response.num_tasks)
+    )
+
+
+ShareValue = float | tuple[float, float]
+
+
+def set_group_shares(experiment: str, shares: Mapping[str, ShareValue]) -> Call[list[GroupInfo]]:
+    """`shares`: group -> a fixed share, or (min, max)."""
+    request = pb.SetGroupSharesRequest(experiment=experiment)
+    for group, share in shares.items():
+        low, high = (share, share) if isinstance(share, (int, float)) else share
+        request.shares.add(group=group, min_share=float(low), max_share=float(high))
+    # Idempotent: setting the same shares again leaves the same shares.
+    return groups_from_proto((yield Rpc("SetGroupShares", request, idempotent=True)))
+
+
+def list_groups(experiment: str) -> Call[list[GroupInfo]]:
+    return groups_from_proto((yield Rpc("ListGroups", pb.ListGroupsRequest(experiment=experiment), idempotent=True)))
+
+
+def groups_from_proto(response: pb.ListGroupsResponse) -> list[GroupInfo]:
+    return [
+        GroupInfo(
+            name=g.name,
+            num_tasks=g.num_tasks,
+            num_retired=g.num_retired,
+            min_share=g.min_share if g.HasField("min_share") else None,
+            max_share=g.max_share if g.HasField("max_share") else None,
+            mean_success=g.mean_success,
+            near_target=g.near_target,
+        )
+        for g in response.groups
+    ]
+
+
 def snapshot(experiment: str, include_features: bool) -> Call[Snapshot]:
     request = pb.SnapshotRequest(experiment=experiment, include_features=include_features)
     chunks = yield Rpc("Snapshot", request, streams_response=True, bulk=True, idempotent=True)
@@ -167,6 +217,8 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
     alpha: list[float] = []
     beta: list[float] = []
     features: list[dict[str, float]] = []
+    retired: list[bool] = []
+    groups: list[str] = []
     experiment = None
     for chunk in chunks:
         if chunk.HasField("experiment"):
@@ -175,6 +227,8 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         alpha.extend(chunk.alpha)
         beta.extend(chunk.beta)
         features.extend(dict(f.values) for f in chunk.features)
+        retired.extend(chunk.retired)
+        groups.extend(chunk.groups)
     if experiment is None:
         raise RuntimeError("snapshot stream ended without the experiment header")
     return Snapshot(
@@ -183,6 +237,9 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         np.asarray(alpha, dtype=np.float64),
         np.asarray(beta, dtype=np.float64),
         features if include_features else None,
+        # A server from before retirements sends none: nothing is retired.
+        np.asarray(retired, dtype=bool) if retired else np.zeros(len(keys), dtype=bool),
+        groups if groups else None,
     )
 
 
@@ -207,7 +264,10 @@ def restore_chunks(
     if experiment.capability is not None:
         first.capability = experiment.capability
     chunks, current, size = [first], first, 0
-    for key, a, b, f in zip(snapshot.keys, snapshot.alpha.tolist(), snapshot.beta.tolist(), snapshot.features):
+    retired = snapshot.retired if snapshot.retired is not None and snapshot.retired.any() else None
+    for i, (key, a, b, f) in enumerate(
+        zip(snapshot.keys, snapshot.alpha.tolist(), snapshot.beta.tolist(), snapshot.features)
+    ):
         task_size = _utf8_size(key) + 24 + sum(_utf8_size(n) + 16 for n in f)
         if size and size + task_size > chunk_bytes:
             current, size = pb.RestoreExperimentRequest(), 0
@@ -216,7 +276,12 @@ def restore_chunks(
         current.alpha.append(a)
         current.beta.append(b)
         current.features.append(pb.Features(values=f))
-        size += task_size
+        if retired is not None:
+            current.retired.append(bool(retired[i]))
+        if snapshot.groups is not None:
+            current.groups.append(snapshot.groups[i])
+            task_size += _utf8_size(snapshot.groups[i]) + 2
+        size += task_size + 1
     return chunks
 
 

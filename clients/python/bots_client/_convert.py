@@ -106,11 +106,11 @@ def experiment_to_proto(experiment: Experiment) -> pb.Experiment:
 
 
 def task_to_proto(task: Task) -> pb.Task:
-    return pb.Task(key=task.key, features=dict(task.features))
+    return pb.Task(key=task.key, features=dict(task.features), group=task.group)
 
 
 def tasks_from_proto(messages: Iterable[pb.Task]) -> list[Task]:
-    return [Task(key=m.key, features=dict(m.features)) for m in messages]
+    return [Task(key=m.key, features=dict(m.features), group=m.group) for m in messages]
 
 
 def batch_from_proto(message: pb.Batch) -> Batch:

@@ -12,7 +12,7 @@ from bots_client import _calls, _driver
 from bots_client.connection import Connection
 from bots_client.errors import BotsError, from_rpc_error
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
+from bots_client.types import Batch, Experiment, ExperimentConfig, GroupInfo, ReportResult, RetireResult, Snapshot, Task
 
 T = TypeVar("T")
 
@@ -134,6 +134,24 @@ class AsyncClient:
     ) -> ReportResult:
         """See Client.report_outcomes."""
         return await self._run(_calls.report_outcomes(experiment, batch_id, outcomes))
+
+    async def retire_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
+        """See Client.retire_tasks."""
+        return await self._run(_calls.retire_tasks(experiment, keys, retired=True))
+
+    async def reactivate_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
+        """See Client.reactivate_tasks."""
+        return await self._run(_calls.retire_tasks(experiment, keys, retired=False))
+
+    async def set_group_shares(
+        self, experiment: str, shares: Mapping[str, _calls.ShareValue]
+    ) -> list[GroupInfo]:
+        """See Client.set_group_shares."""
+        return await self._run(_calls.set_group_shares(experiment, shares))
+
+    async def list_groups(self, experiment: str) -> list[GroupInfo]:
+        """See Client.list_groups."""
+        return await self._run(_calls.list_groups(experiment))
 
     async def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
         """See Client.snapshot."""

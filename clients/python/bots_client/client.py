@@ -12,7 +12,7 @@ from bots_client import _calls, _driver
 from bots_client.connection import Connection
 from bots_client.errors import BotsError, from_rpc_error
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from bots_client.types import Batch, Experiment, ExperimentConfig, ReportResult, Snapshot, Task
+from bots_client.types import Batch, Experiment, ExperimentConfig, GroupInfo, ReportResult, RetireResult, Snapshot, Task
 
 T = TypeVar("T")
 
@@ -155,6 +155,29 @@ class Client:
     ) -> ReportResult:
         """Report key -> (successes, trials) for tasks of a batch; applied once."""
         return self._run(_calls.report_outcomes(experiment, batch_id, outcomes))
+
+    def retire_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
+        """Retire tasks: never selected again until re-activated; their
+        posterior is kept (and shown in snapshots). All or nothing: an
+        unknown key raises InvalidArgumentError and changes nothing."""
+        return self._run(_calls.retire_tasks(experiment, keys, retired=True))
+
+    def reactivate_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
+        """Make retired tasks selectable again, from their current posterior."""
+        return self._run(_calls.retire_tasks(experiment, keys, retired=False))
+
+    def set_group_shares(
+        self, experiment: str, shares: Mapping[str, _calls.ShareValue]
+    ) -> list[GroupInfo]:
+        """Each group's share of every batch from the next select on: a
+        fixed share or (min, max); groups not named are free; {} clears
+        them. Unknown groups or shares no batch could meet raise
+        InvalidArgumentError and change nothing. Returns the groups."""
+        return self._run(_calls.set_group_shares(experiment, shares))
+
+    def list_groups(self, experiment: str) -> list[GroupInfo]:
+        """The experiment's groups: sizes, shares, posterior signals."""
+        return self._run(_calls.list_groups(experiment))
 
     def snapshot(self, experiment: str, include_features: bool = False) -> Snapshot:
         """Every task's posterior: keys, alpha and beta (float64), step and config;

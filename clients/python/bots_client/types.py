@@ -64,6 +64,7 @@ class ExperimentConfig:
 class Task:
     key: str
     features: Mapping[str, float] = field(default_factory=dict)
+    group: str = ""  # e.g. its dataset, for group shares; "": none
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class Snapshot:
     alpha: np.ndarray
     beta: np.ndarray
     features: list[dict[str, float]] | None = None  # with include_features=True
+    retired: np.ndarray | None = None  # bool per task: retired (never selected); None: not known
+    groups: list[str] | None = None  # per task: its group ("": none); None: no task has one
 
     @property
     def step(self) -> int:
@@ -124,3 +127,25 @@ class Snapshot:
     @property
     def mean(self) -> np.ndarray:
         return self.alpha / (self.alpha + self.beta)
+
+
+@dataclass(frozen=True)
+class RetireResult:
+    """What retire_tasks / reactivate_tasks did."""
+
+    changed: int  # tasks the call changed (the others already were in that state)
+    num_retired: int  # retired tasks in the experiment afterwards
+    num_tasks: int
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """One group of an experiment's pool (Client.list_groups)."""
+
+    name: str  # "": the tasks without a group
+    num_tasks: int
+    num_retired: int
+    min_share: float | None  # None: no share set for this group
+    max_share: float | None
+    mean_success: float  # mean of its tasks' posterior means
+    near_target: float  # fraction of its tasks with posterior mean within 0.2 of the target

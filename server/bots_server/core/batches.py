@@ -54,14 +54,16 @@ class Batches:
                     reported_step=None,
                 )
                 try:
-                    stored = await rt.db(rt.store.insert_batch, live.id, row, now)
-                except (StaleStep, LeaseConflict):  # another replica reported or leased meanwhile
+                    stored = await rt.db(rt.store.insert_batch, live.id, row, now, live.pool_seq)
+                except (StaleStep, LeaseConflict):  # another replica reported, leased or retired meanwhile
                     now = rt.clock()
                     leased = (await rt.catch_up(live, Lookup(leases_at=now))).leased or []
                     continue
                 if stored.batch_id != row.batch_id:  # a racing call with the same key won
                     return _same_request(live, stored, batch_size)
                 rt.notify(rt.observer.batch_selected, name, row.batch_id, batch_size, row.lease_expire_time.timestamp())
+                if live.has_groups:
+                    rt.notify(rt.observer.groups_selected, name, live.group_counts(chosen))
                 audit.steps.info(
                     "batch selected",
                     extra={"experiment": name, "batch_id": row.batch_id, "step": live.step, "batch_size": batch_size},
@@ -142,16 +144,19 @@ class Batches:
 
 
 def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_key: str) -> list[int]:
-    available = np.ones(live.num_tasks, dtype=bool)
+    available = ~live.retired
+    num_active = int(available.sum())
     available[np.asarray(leased, dtype=np.int64)] = False
     free = int(available.sum())
     if free < batch_size:
+        retired = live.num_tasks - num_active
         raise FailedPrecondition(
             f"batch_size = {batch_size} but only {free} of {live.num_tasks} tasks are free; "
-            f"{live.num_tasks - free} are leased by open batches (report them or wait for their leases to expire)"
+            + (f"{retired} are retired and " if retired else "")
+            + f"{num_active - free} are leased by open batches (report them or wait for their leases to expire)"
         )
     rng = step_rng(live.config.seed, live.step, request_key)
-    chosen = select(live.config, live.state.alpha, live.state.beta, available, batch_size, rng)
+    chosen = select(live.config, live.state.alpha, live.state.beta, available, batch_size, rng, live.quotas())
     return chosen.tolist()
 
 

@@ -55,6 +55,21 @@ def config_settings() -> list[tuple[str, Setting, Any]]:
 class Task:
     key: str
     features: Mapping[str, float] = field(default_factory=dict)
+    group: str = ""  # e.g. its dataset; "": none
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """One group of an experiment's pool: its size, its share range (None:
+    no quota) and what the posterior says of it."""
+
+    name: str
+    num_tasks: int
+    num_retired: int
+    min_share: float | None
+    max_share: float | None
+    mean_success: float  # mean of its tasks' posterior means
+    near_target: float  # fraction of its tasks whose posterior mean is within the target band
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,15 @@ class ReportResult:
 
 
 @dataclass(frozen=True)
+class RetireResult:
+    """What a RetireTasks / ReactivateTasks call did."""
+
+    changed: int  # tasks whose state it changed (the others already were so)
+    num_retired: int  # retired tasks in the experiment afterwards
+    num_tasks: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """An experiment's posterior at one step, in task order."""
 
@@ -105,6 +129,8 @@ class Snapshot:
     alpha: list[float]
     beta: list[float]
     features: list[dict[str, float]] | None
+    retired: list[bool] | None = None  # per task; None: none retired
+    groups: list[str] | None = None  # per task ("": none); None: no groups
 
 
 @dataclass(frozen=True)
@@ -120,3 +146,5 @@ class RestoreData:
     alpha: list[float]
     beta: list[float]
     features: list[dict[str, float]]
+    retired: list[bool] = field(default_factory=list)  # per task; empty: none retired
+    groups: list[str] = field(default_factory=list)  # per task; empty: no groups

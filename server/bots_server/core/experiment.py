@@ -13,7 +13,8 @@ import numpy as np
 
 from bots_server.core.domain import ExperimentConfig
 from bots_server.engine import PosteriorState, apply_outcomes
-from bots_server.store import LoadedRows, StepEvent
+from bots_server.engine.quotas import GroupQuotas
+from bots_server.store import LoadedRows, PoolEvent, RetirementEvent, StepEvent
 
 # Per task key beyond its characters: the str object (49 bytes), its slot in
 # `keys` (8), its entry in `index` with the int it maps to (about 80).
@@ -40,6 +41,20 @@ class LiveExperiment:
     checkpoint_step: int
     checkpoint_time: float = field(default_factory=time.monotonic)
     checkpoint_task: asyncio.Task[None] | None = None
+    # Retired tasks (never selected; their posterior is updated as any
+    # unselected task's). The fold of the retirement events up to
+    # `pool_seq`, read back whole on every rebuild: the posterior does
+    # not depend on it, so neither checkpoints nor the step replay carry it.
+    retired: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # Groups: their names by first appearance in task order (so every replica
+    # numbers them alike), each task's group number, and the shares in force
+    # ({group: (min, max)}; empty: no quotas). Retirements and shares are the
+    # pool's events; `pool_seq` is the last one applied.
+    group_names: list[str] = field(default_factory=list)
+    group_index: dict[str, int] = field(default_factory=dict)
+    group_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    shares: dict[str, tuple[float, float]] = field(default_factory=dict)
+    pool_seq: int = 0
     key_characters: int = 0  # of every key, for memory_bytes
 
     def memory_bytes(self) -> int:
@@ -47,6 +62,7 @@ class LiveExperiment:
         key as a str in `keys` and in `index` (docs/operations.md measures
         the per-key figure)."""
         arrays = sum(a.nbytes for a in vars(self.state).values() if isinstance(a, np.ndarray))
+        arrays += self.retired.nbytes + self.group_of.nbytes
         return arrays + self.num_tasks * BYTES_PER_KEY + self.key_characters
 
     @property
@@ -64,16 +80,55 @@ class LiveExperiment:
         strong = np.array([f.get(strong_name, math.nan) if strong_name else math.nan for f in features], dtype=np.float64)
         return weak, strong
 
-    def append_tasks(self, keys: Sequence[str], weak: np.ndarray, strong: np.ndarray) -> None:
-        """New tasks at the prior; `weak`/`strong` their reference pass rates (NaN: none)."""
+    def append_tasks(
+        self, keys: Sequence[str], weak: np.ndarray, strong: np.ndarray, groups: Sequence[str] | None = None
+    ) -> None:
+        """New tasks at the prior; `weak`/`strong` their reference pass rates
+        (NaN: none); `groups` their groups ("" or None: none)."""
         start = len(self.keys)
         self.key_characters += sum(map(len, keys))
         self.keys.extend(keys)
         self.index.update((key, start + i) for i, key in enumerate(keys))
         self.state = self.state.extended(self.config, weak, strong)
+        self.retired = np.concatenate([self.retired, np.zeros(len(keys), dtype=bool)])
+        numbers = [self._group_number(g) for g in (groups or [""] * len(keys))]
+        self.group_of = np.concatenate([self.group_of, np.asarray(numbers, dtype=np.int64)])
+
+    def _group_number(self, name: str) -> int:
+        number = self.group_index.get(name)
+        if number is None:
+            number = self.group_index[name] = len(self.group_names)
+            self.group_names.append(name)
+        return number
+
+    def new_groups(self, groups: Sequence[str]) -> set[str]:
+        """Which of `groups` the experiment does not have yet."""
+        return set(groups) - set(self.group_index)
 
     def append_loaded(self, rows: LoadedRows) -> None:
-        self.append_tasks(rows.keys, _floats(rows.weak), _floats(rows.strong))
+        self.append_tasks(rows.keys, _floats(rows.weak), _floats(rows.strong), rows.groups or None)
+
+    @property
+    def has_groups(self) -> bool:
+        """Whether any task has a group."""
+        return bool(self.group_names) and self.group_names != [""]
+
+    def group_counts(self, task_idx: Sequence[int]) -> dict[str, int]:
+        """Tasks per group among `task_idx` (groups with none left out)."""
+        counts = np.bincount(self.group_of[np.asarray(task_idx, dtype=np.int64)], minlength=len(self.group_names))
+        return {self.group_names[g]: int(c) for g, c in enumerate(counts) if c}
+
+    def quotas(self) -> GroupQuotas | None:
+        """The shares in force as the engine takes them; None without any."""
+        if not self.shares:
+            return None
+        low = np.zeros(len(self.group_names))
+        high = np.ones(len(self.group_names))
+        for name, (lo, hi) in self.shares.items():
+            number = self.group_index.get(name)
+            if number is not None:
+                low[number], high[number] = lo, hi
+        return GroupQuotas(self.group_of, low, high)
 
     def replay(self, events: Sequence[StepEvent]) -> None:
         """Apply committed events, exactly as their reports were applied."""
@@ -91,15 +146,37 @@ class LiveExperiment:
             self.state = result.state
             self.step = event.step
 
+    def apply_pool_events(self, events: Sequence[PoolEvent]) -> None:
+        """Apply committed pool events, in order. A retirement sets its tasks'
+        state (so the result is the last event's word on every task); a
+        shares event replaces the shares."""
+        for event in events:
+            if event.seq != self.pool_seq + 1:
+                raise RuntimeError(f"experiment {self.name!r}: pool event {event.seq} after {self.pool_seq}")
+            if isinstance(event, RetirementEvent):
+                retired = self.retired.copy()  # readers may hold the old mask
+                retired[np.asarray(event.task_idx, dtype=np.int64)] = event.retired
+                self.retired = retired
+            else:
+                self.shares = dict(event.shares)
+            self.pool_seq = event.seq
+
+    @property
+    def num_retired(self) -> int:
+        return int(np.count_nonzero(self.retired))
+
     def catch_up(self, rows: LoadedRows) -> None:
-        """Take in what other writers committed: new tasks, then new steps.
+        """Take in what other writers committed: new tasks, then new steps
+        and retirements.
 
         Tasks appended after an event's step do not take part in it (the
-        event's pool_size), so adding them first is safe.
+        event's pool_size), so adding them first is safe; a retirement may
+        name any task added before it.
         """
         if rows.keys:
             self.append_loaded(rows)
         self.replay(rows.events)
+        self.apply_pool_events(rows.pool_events)
 
     @classmethod
     def rebuild(cls, rows: LoadedRows, config: ExperimentConfig) -> LiveExperiment:
@@ -127,6 +204,7 @@ class LiveExperiment:
         capability = math.nan if checkpoint.capability is None else checkpoint.capability
         live.state = PosteriorState(alpha, beta, live.state.weak, live.state.strong, capability)
         live.replay(rows.events)
+        live.apply_pool_events(rows.pool_events)
         return live
 
 

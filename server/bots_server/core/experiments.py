@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from bots_server.core import audit, tenancy, validation
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
 from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import Runtime
-from bots_server.errors import NotFound
+from bots_server.errors import InvalidArgument, NotFound
 from bots_server.store import ExperimentCopy, ExperimentRow
 
 DEFAULT_PAGE_SIZE = 100
@@ -84,6 +86,8 @@ class Experiments:
                 forked_from=source,
                 source_id=live.id,
                 tenant=tenancy.tenant_of(name),
+                retired=np.flatnonzero(live.retired).tolist(),  # a broken task stays retired in the fork
+                shares=dict(live.shares),
             )
             row = await rt.db(rt.store.create_copy, copy, rt.clock())
         audit.experiments.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
@@ -105,6 +109,11 @@ class Experiments:
             data.features,
             data.capability,
         )
+        for what, values in (("retired flags", data.retired), ("groups", data.groups)):
+            if values and len(values) != len(data.keys):
+                raise InvalidArgument(f"snapshot arrays differ in length: {len(data.keys)} keys, {len(values)} {what}")
+        if data.groups:
+            await rt.run(validation.snapshot_groups, data.groups)
         await self.quotas.new_experiment(data.name, len(data.keys))
         copy = ExperimentCopy(
             name=data.name,
@@ -117,6 +126,8 @@ class Experiments:
             keys=data.keys,
             features=data.features,
             tenant=tenancy.tenant_of(data.name),
+            retired=[i for i, r in enumerate(data.retired) if r],
+            groups=data.groups or None,
         )
         row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
         audit.experiments.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
@@ -128,6 +139,8 @@ class Experiments:
         async with rt.locked(name):
             live, _ = await rt.ready(name)
             state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
+            retired = live.retired
+            groups = [live.group_names[g] for g in live.group_of.tolist()] if live.has_groups else None
         row = await rt.db(rt.store.find_experiment, name)
         if row is None or row.id != live.id:
             raise NotFound(f"experiment {name!r} not found")
@@ -135,7 +148,7 @@ class Experiments:
         experiment = summary(dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches)
         alpha, beta = await rt.run(lambda: (state.alpha.tolist(), state.beta.tolist()))
         features = await rt.db(rt.store.load_features, live.id, len(keys)) if include_features else None
-        return Snapshot(experiment, keys, alpha, beta, features)
+        return Snapshot(experiment, keys, alpha, beta, features, retired.tolist(), groups)
 
 
 def summary(row: ExperimentRow, open_batches: int) -> Experiment:

@@ -22,6 +22,10 @@ MAX_REQUEST_KEY_LENGTH = 256  # batches.request_key
 MAX_BATCH_ID_LENGTH = 64  # batches.batch_id
 MAX_SOURCE_LENGTH = 256  # experiments.forked_from: a stored name or a caller's text
 MAX_FEATURE_NAME_LENGTH = 256
+MAX_GROUP_NAME_LENGTH = 256  # tasks.group_name
+# Groups per experiment: bounds the per-group metric labels and the quota
+# arithmetic (datasets mixed in one run are a handful, not hundreds).
+MAX_GROUPS = 64
 # Reference feature names are read with SQL JSON paths: printable ASCII
 # without double quote and backslash.
 REFERENCE_FEATURE_PATTERN = re.compile(r'[ !#-\[\]-~]+')

@@ -53,6 +53,12 @@ class SelectorObserver:
     def tasks_added(self, experiment: str, num_tasks: int) -> None:
         """Tasks were added; the pool now holds `num_tasks`."""
 
+    def groups_selected(self, experiment: str, counts: dict[str, int]) -> None:
+        """A new batch took `counts[group]` tasks of each group (experiments with groups only)."""
+
+    def tasks_retired(self, experiment: str, num_retired: int, num_tasks: int) -> None:
+        """Tasks were retired or re-activated; `num_retired` of `num_tasks` are retired now."""
+
     def experiment_removed(self, experiment: str) -> None:
         """An experiment was deleted (here or on another replica); drop its series."""
 

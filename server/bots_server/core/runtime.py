@@ -139,6 +139,8 @@ class Runtime:
         self.keep_within_budget()
         seconds = time.perf_counter() - started
         self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state, live.config.target_success), seconds)
+        if live.num_retired:
+            self.notify(self.observer.tasks_retired, name, live.num_retired, live.num_tasks)
         log.info(
             "experiment loaded",
             extra={
@@ -159,12 +161,15 @@ class Runtime:
             after_step=live.step,
             first_task=live.num_tasks,
             lookup=lookup,
+            after_pool_event=live.pool_seq,
         )
         if rows is None or rows.experiment.name != live.name:
             self.forget(live.name)
             raise NotFound(f"experiment {live.name!r} not found")
-        if rows.keys or rows.events:
+        if rows.keys or rows.events or rows.pool_events:
             await self.run(live.catch_up, rows)
+        if rows.pool_events:  # retirements another replica committed
+            self.notify(self.observer.tasks_retired, live.name, live.num_retired, live.num_tasks)
         return rows
 
     def keep_within_budget(self) -> None:

@@ -76,6 +76,7 @@ def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:
         if task.key in seen:
             raise InvalidArgument(f"task key {shown(task.key)} appears more than once in the request")
         seen.add(task.key)
+        text(f"task {shown(task.key)}: group", task.group, limits.MAX_GROUP_NAME_LENGTH)
         if len(task.features) > limits.MAX_FEATURES_PER_TASK:
             raise InvalidArgument(
                 f"task {shown(task.key)} has {len(task.features)} features; at most {limits.MAX_FEATURES_PER_TASK}"
@@ -88,6 +89,36 @@ def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:
                 raise InvalidArgument(
                     f"task {shown(task.key)}: reference pass rate {shown(name)} = {value!r} is outside [0, 1]"
                 )
+
+
+def task_keys(what: str, keys: Sequence[str]) -> None:
+    """Keys naming existing tasks (retire, re-activate): at least one, each
+    a possible key, none twice."""
+    if not keys:
+        raise InvalidArgument(f"{what}: no task keys given")
+    seen: set[str] = set()
+    for key in keys:
+        text("task key", key, limits.MAX_KEY_LENGTH, empty=False)
+        if key in seen:
+            raise InvalidArgument(f"{what}: task key {shown(key)} appears more than once in the request")
+        seen.add(key)
+
+
+def snapshot_groups(groups: Sequence[str]) -> None:
+    """The groups of a snapshot's tasks: bounded names, at most MAX_GROUPS of them."""
+    for group in set(groups):
+        text("group", group, limits.MAX_GROUP_NAME_LENGTH)
+    if len(set(groups)) > limits.MAX_GROUPS:
+        raise InvalidArgument(f"snapshot has {len(set(groups))} groups; at most {limits.MAX_GROUPS}")
+
+
+def group_shares(shares: dict[str, tuple[float, float]]) -> None:
+    """Names and bounds of shares; whether they fit the experiment's groups
+    is checked against them (engine/quotas.py)."""
+    if len(shares) > limits.MAX_GROUPS:
+        raise InvalidArgument(f"{len(shares)} group shares given; an experiment has at most {limits.MAX_GROUPS} groups")
+    for name in shares:
+        text("group", name, limits.MAX_GROUP_NAME_LENGTH, empty=False)
 
 
 def batch_request(batch_size: int, request_key: str) -> None:

@@ -6,23 +6,35 @@ in `strategies/`; their parameters are declared in `params.py`.
 """
 
 from bots_server.engine.params import SELECTION_MODES, EngineParams, Setting, settings
+from bots_server.engine.quotas import GroupQuotas, share_problem
 from bots_server.engine.rng import step_rng
 from bots_server.engine.state import PosteriorState, UpdateResult
 from bots_server.engine.steps import apply_outcomes, select
-from bots_server.engine.summary import BatchSignals, PosteriorSummary, batch_signals, posterior_summary
+from bots_server.engine.summary import (
+    BatchSignals,
+    GroupSummary,
+    PosteriorSummary,
+    batch_signals,
+    group_summary,
+    posterior_summary,
+)
 
 __all__ = [
     "SELECTION_MODES",
     "BatchSignals",
     "EngineParams",
+    "GroupQuotas",
+    "GroupSummary",
     "PosteriorState",
     "PosteriorSummary",
     "Setting",
     "UpdateResult",
     "apply_outcomes",
     "batch_signals",
+    "group_summary",
     "posterior_summary",
     "select",
     "settings",
+    "share_problem",
     "step_rng",
 ]

@@ -9,6 +9,7 @@ import numpy as np
 
 from bots_server.engine import strategies
 from bots_server.engine.params import EngineParams
+from bots_server.engine.quotas import GroupQuotas, select_with_quotas
 from bots_server.engine.scoring import top_k
 from bots_server.engine.state import PosteriorState, UpdateResult
 
@@ -20,14 +21,19 @@ def select(
     available: np.ndarray,
     batch_size: int,
     rng: np.random.Generator,
+    quotas: GroupQuotas | None = None,
 ) -> np.ndarray:
     """Indices of `batch_size` tasks among those where `available` is True,
-    best first by the strategy's score; ties at the cut broken at random."""
+    best first by the strategy's score; ties at the cut broken at random.
+    With `quotas`, each group's share of the batch is honoured (quotas.py);
+    without, the draws are the same as before groups existed."""
     n_available = int(np.count_nonzero(available))
     if not 0 < batch_size <= n_available:
         raise ValueError(f"batch_size {batch_size} not in [1, {n_available}]")
     if params.candidate_ratio > 0:
         available = _candidates(available, n_available, batch_size, params.candidate_ratio, rng)
+    if quotas is not None:
+        return select_with_quotas(params, alpha, beta, available, batch_size, rng, quotas)
     score = strategies.get(params.strategy).score(params, alpha, beta, rng)
     return top_k(np.where(available, score, -np.inf), batch_size, rng)
 

@@ -135,3 +135,28 @@ def batch_signals(successes: Sequence[float], trials: Sequence[int]) -> BatchSig
         successes=float(s.sum()),
         trials=float(n.sum()),
     )
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """Per group (indexed by group number): tasks, retired tasks, the mean of
+    its tasks' posterior means, and the fraction of its tasks whose posterior
+    mean lies within TARGET_BAND of the target (NaN for an empty group)."""
+
+    tasks: np.ndarray
+    retired: np.ndarray
+    mean_success: np.ndarray
+    near_target: np.ndarray
+
+
+def group_summary(
+    state: PosteriorState, group_of: np.ndarray, retired: np.ndarray, num_groups: int, target: float,
+    band: float = TARGET_BAND,
+) -> GroupSummary:  # fmt: skip
+    """O(pool): for a ListGroups call or a scrape, not per step."""
+    mean = state.alpha / (state.alpha + state.beta)
+    tasks = np.bincount(group_of, minlength=num_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_success = np.bincount(group_of, weights=mean, minlength=num_groups) / tasks
+        near = np.bincount(group_of, weights=np.abs(mean - target) <= band, minlength=num_groups) / tasks
+    return GroupSummary(tasks, np.bincount(group_of, weights=retired, minlength=num_groups).astype(np.int64), mean_success, near)

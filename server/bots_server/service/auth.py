@@ -45,6 +45,7 @@ REQUIRED_ROLE = {
     "GetExperiment": Role.READER,
     "ListExperiments": Role.READER,
     "Snapshot": Role.READER,
+    "ListGroups": Role.READER,
     "CreateExperiment": Role.WRITER,
     "ForkExperiment": Role.WRITER,
     "RestoreExperiment": Role.WRITER,
@@ -52,6 +53,9 @@ REQUIRED_ROLE = {
     "AddTasks": Role.WRITER,
     "SelectBatch": Role.WRITER,
     "ReportOutcomes": Role.WRITER,
+    "RetireTasks": Role.WRITER,
+    "ReactivateTasks": Role.WRITER,
+    "SetGroupShares": Role.WRITER,
 }
 _REJECTION_LOG_INTERVAL_S = 60.0
 

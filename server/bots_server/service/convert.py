@@ -16,7 +16,18 @@ from google.protobuf import timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from bots_client.proto import bots_pb2 as pb
-from bots_server.core.domain import Batch, Experiment, ExperimentConfig, Outcome, ReportResult, Task, config_settings
+from bots_server.core.domain import (
+    Batch,
+    Experiment,
+    ExperimentConfig,
+    GroupInfo,
+    Outcome,
+    ReportResult,
+    RetireResult,
+    Task,
+    config_settings,
+)
+from bots_server.core.limits import shown
 from bots_server.errors import InvalidArgument
 
 ENUM_SETTINGS: dict[str, tuple[str, EnumTypeWrapper]] = {
@@ -87,7 +98,7 @@ def experiment_to_proto(experiment: Experiment) -> pb.Experiment:
 
 
 def tasks_from_proto(messages: Iterable[pb.Task]) -> list[Task]:
-    return [Task(key=m.key, features=dict(m.features)) for m in messages]
+    return [Task(key=m.key, features=dict(m.features), group=m.group) for m in messages]
 
 
 def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> list[Outcome]:
@@ -109,3 +120,31 @@ def report_to_proto(result: ReportResult) -> pb.ReportOutcomesResponse:
     if result.capability is not None:
         message.capability = result.capability
     return message
+
+
+def shares_from_proto(messages: Iterable[pb.GroupShare]) -> dict[str, tuple[float, float]]:
+    shares: dict[str, tuple[float, float]] = {}
+    for m in messages:
+        if m.group in shares:
+            raise InvalidArgument(f"SetGroupShares: group {shown(m.group)} appears more than once")
+        shares[m.group] = (m.min_share, m.max_share)
+    return shares
+
+
+def groups_to_proto(groups: Iterable[GroupInfo]) -> pb.ListGroupsResponse:
+    response = pb.ListGroupsResponse()
+    for g in groups:
+        info = response.groups.add(
+            name=g.name,
+            num_tasks=g.num_tasks,
+            num_retired=g.num_retired,
+            mean_success=g.mean_success,
+            near_target=g.near_target,
+        )
+        if g.min_share is not None and g.max_share is not None:
+            info.min_share, info.max_share = g.min_share, g.max_share
+    return response
+
+
+def retire_to_proto(result: RetireResult) -> pb.RetireTasksResponse:
+    return pb.RetireTasksResponse(changed=result.changed, num_retired=result.num_retired, num_tasks=result.num_tasks)

@@ -26,7 +26,7 @@ from bots_server.service.status import server_streaming, unary
 
 # Snapshot chunks stay well under gRPC's default 4 MB message limit.
 SNAPSHOT_CHUNK_BYTES = 1 << 20
-_PER_TASK_OVERHEAD = 24  # two doubles and framing
+_PER_TASK_OVERHEAD = 26  # two doubles, a retired flag and framing
 _PER_FEATURE_OVERHEAD = 16  # a double and map-entry framing
 
 
@@ -92,6 +92,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         features: list[dict[str, float]] = []
         budget = _StreamBudget("RestoreExperiment", self.stream_bounds)
         name = ""
+        retired: list[bool] = []
+        groups: list[str] = []
         async for chunk in request_iterator:
             if first is None:
                 first = chunk
@@ -103,6 +105,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             alpha.extend(chunk.alpha)
             beta.extend(chunk.beta)
             features.extend(dict(f.values) for f in chunk.features)
+            retired.extend(chunk.retired)
+            groups.extend(chunk.groups)
         if first is None:
             raise InvalidArgument("RestoreExperiment: empty stream")
         _check_complete("RestoreExperiment", first, len(keys))
@@ -116,6 +120,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             alpha=alpha,
             beta=beta,
             features=features,
+            retired=retired,
+            groups=groups,
         )
         return _shown(await self.core.experiments.restore(data))
 
@@ -179,6 +185,31 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         result = await self.core.batches.report(_name(request.experiment), request.batch_id, outcomes)
         return convert.report_to_proto(result)
 
+    @unary
+    async def RetireTasks(
+        self, request: pb.RetireTasksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetireTasksResponse:
+        result = await self.core.pool.set_retired(_name(request.experiment), list(request.keys), retired=True)
+        return convert.retire_to_proto(result)
+
+    @unary
+    async def ReactivateTasks(
+        self, request: pb.RetireTasksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetireTasksResponse:
+        result = await self.core.pool.set_retired(_name(request.experiment), list(request.keys), retired=False)
+        return convert.retire_to_proto(result)
+
+    @unary
+    async def SetGroupShares(
+        self, request: pb.SetGroupSharesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListGroupsResponse:
+        shares = convert.shares_from_proto(request.shares)
+        return convert.groups_to_proto(await self.core.pool.set_group_shares(_name(request.experiment), shares))
+
+    @unary
+    async def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext) -> pb.ListGroupsResponse:
+        return convert.groups_to_proto(await self.core.pool.groups(_name(request.experiment)))
+
     @server_streaming
     async def Snapshot(
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
@@ -190,6 +221,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             size += len(key.encode()) + _PER_TASK_OVERHEAD
             if snap.features is not None:
                 size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
+            if snap.groups is not None:
+                size += len(snap.groups[i].encode()) + 2
             if size >= SNAPSHOT_CHUNK_BYTES:
                 yield _fill(chunk, snap, start, i + 1)
                 chunk, start, size = pb.SnapshotChunk(), i + 1, 0
@@ -212,4 +245,8 @@ def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int) -> pb.
     chunk.beta.extend(snap.beta[start:stop])
     if snap.features is not None:
         chunk.features.extend(pb.Features(values=f) for f in snap.features[start:stop])
+    if snap.retired is not None:
+        chunk.retired.extend(snap.retired[start:stop])
+    if snap.groups is not None:
+        chunk.groups.extend(snap.groups[start:stop])
     return chunk

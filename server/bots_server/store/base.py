@@ -33,7 +33,9 @@ from bots_server.store.records import (
     ExperimentRow,
     LoadedRows,
     Lookup,
+    RetirementEvent,
     SchemaStatus,
+    SharesEvent,
     StepEvent,
     TenantUsage,
 )
@@ -137,9 +139,11 @@ class Store(abc.ABC):
         keys: Sequence[str],
         features: Sequence[dict[str, float]],
         abandoned: Callable[[], bool] | None = None,
+        groups: Sequence[str] | None = None,
     ) -> int:
         """Append tasks at indices expected_num_tasks, expected_num_tasks+1, ...
-        and return the new number of tasks.
+        and return the new number of tasks. `groups`: each task's group ("" or
+        None: none).
 
         A compare-and-set on the experiment's number of tasks: StaleStep if it
         is not `expected_num_tasks` (another writer added tasks first).
@@ -159,6 +163,7 @@ class Store(abc.ABC):
         after_step: int | None = None,
         first_task: int = 0,
         lookup: Lookup | None = None,
+        after_pool_event: int = 0,
     ) -> LoadedRows | None:
         """Rows to rebuild or catch up an experiment, plus what `lookup` asks
         for, all from one transaction. None if the experiment does not exist.
@@ -175,6 +180,10 @@ class Store(abc.ABC):
         `lookup`: the batch with `lookup.batch_id`, else the one with
         `lookup.request_key` (None if there is none), and, with
         `lookup.leases_at`, the tasks of batches still open at that time.
+
+        `pool_events`: the pool's events (retirements, group shares) with
+        seq after `after_pool_event`, by seq (a rebuild passes 0: all of
+        them); `groups`: the group of each task read ("": none).
         """
 
     @abc.abstractmethod
@@ -207,16 +216,43 @@ class Store(abc.ABC):
     # -- batches and reports ---------------------------------------------------
 
     @abc.abstractmethod
-    def insert_batch(self, experiment_id: int, batch: BatchRow, now: dt.datetime) -> BatchRow:
+    def insert_batch(
+        self, experiment_id: int, batch: BatchRow, now: dt.datetime, pool_seq: int | None = None
+    ) -> BatchRow:
         """Store a batch chosen at step `batch.step`, atomically with its checks.
 
         Holds the experiment's row lock, which serializes selects and reports
         of the experiment across replicas, while it checks, in this order:
         a batch with the same request key exists (a racing call) -> that
         batch is returned and nothing written; the experiment is no longer at
-        `batch.step` -> StaleStep; a chosen task is in a batch still open at
-        `now` -> LeaseConflict. Otherwise the batch is stored and returned.
+        `batch.step`, or (given `pool_seq`) its last pool event is
+        not `pool_seq` -> StaleStep; a chosen task is in a batch still
+        open at `now` -> LeaseConflict. Otherwise the batch is stored and
+        returned.
         """
+
+    @abc.abstractmethod
+    def commit_retirement(
+        self, experiment_id: int, seq: int, task_idx: Sequence[int], retired: bool, now: dt.datetime
+    ) -> RetirementEvent:
+        """Append the retirement event `seq` (tasks `task_idx`, ascending, set
+        to `retired`) under the experiment's row lock, so that selects on
+        every replica are ordered with it; returns it with the experiment's
+        step at the commit.
+
+        A compare-and-set: StaleStep if the experiment's last pool event
+        (retirement or shares) is not `seq - 1` (another writer got there
+        first); nothing is written then. Once this returns the event is
+        durable.
+        """
+
+    @abc.abstractmethod
+    def commit_shares(
+        self, experiment_id: int, seq: int, shares: Mapping[str, tuple[float, float]], now: dt.datetime
+    ) -> SharesEvent:
+        """Append the pool event `seq` setting the group shares (replacing
+        any earlier ones; empty: none), as commit_retirement does: under the
+        row lock, a compare-and-set on the last seq (StaleStep)."""
 
     @abc.abstractmethod
     def commit_report(self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime) -> None:

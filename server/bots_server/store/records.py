@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +39,31 @@ class StepEvent:
     trials: list[int]
     capability: float | None
     capability_estimate: float | None
+
+
+@dataclass(frozen=True)
+class RetirementEvent:
+    """One RetireTasks / ReactivateTasks call: the tasks whose state it
+    changed, set to `retired`, at the experiment's `step` then."""
+
+    seq: int  # 1, 2, ... per experiment
+    step: int
+    task_idx: list[int]  # ascending
+    retired: bool
+
+
+@dataclass(frozen=True)
+class SharesEvent:
+    """One SetGroupShares call: the share range of each named group from
+    then on (groups not named: [0, 1]; empty: no quotas)."""
+
+    seq: int
+    step: int
+    shares: dict[str, tuple[float, float]]
+
+
+# The pool's events, numbered together (seq), applied in that order.
+PoolEvent = RetirementEvent | SharesEvent
 
 
 @dataclass(frozen=True)
@@ -83,6 +108,8 @@ class LoadedRows:
     events: list[StepEvent]  # steps after the requested one, ascending
     batch: BatchRow | None = None  # Lookup.batch_id / request_key
     leased: list[int] | None = None  # with Lookup.leases_at
+    pool_events: list[PoolEvent] = field(default_factory=list)  # after load's after_pool_event, by seq
+    groups: list[str] = field(default_factory=list)  # the group of each task in `keys` ("": none)
 
 
 @dataclass(frozen=True)
@@ -101,6 +128,9 @@ class ExperimentCopy:
     source_id: int | None = None
     keys: list[str] | None = None
     features: list[dict[str, float]] | None = None
+    retired: Sequence[int] = ()  # task indices that start retired
+    groups: list[str] | None = None  # with given keys: each task's group ("": none)
+    shares: Mapping[str, tuple[float, float]] | None = None  # group shares in force
     tenant: str = DEFAULT_TENANT
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Double,
@@ -60,6 +61,7 @@ tasks = Table(
     Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
     Column("key", String(1024), nullable=False),
     Column("features", Text, nullable=False),  # JSON object of named floats
+    Column("group_name", String(256), nullable=True),  # its group (revision 0005); NULL: none
     UniqueConstraint("experiment_id", "key", name="uq_tasks_experiment_key"),
 )
 
@@ -126,4 +128,33 @@ batch_tasks = Table(
     Column("batch_id", String(64), primary_key=True),
     Column("position", Integer, primary_key=True, autoincrement=False),
     Column("task_idx", BigInteger, nullable=False),
+)
+
+# The pool's event log (revision 0005): retiring and re-activating tasks, and
+# setting group shares. Events are numbered `seq` 1, 2, ... per experiment
+# across both tables; each carries the experiment's step when it was
+# committed. Replayed in `seq` order they give the retired mask and the
+# shares in force; selection is the only thing they affect.
+# `retirements`: one row per task an event changed.
+retirements = Table(
+    "retirements",
+    metadata,
+    _experiment_id(),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
+    Column("retired", Boolean, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("create_time", DateTime(timezone=True), nullable=False),
+)
+
+# `group_shares`: one row per event, the shares as a JSON object
+# {group: [min, max]} (an empty object clears them).
+group_shares = Table(
+    "group_shares",
+    metadata,
+    _experiment_id(),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("shares", Text, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("create_time", DateTime(timezone=True), nullable=False),
 )

@@ -38,7 +38,10 @@ from bots_server.store.records import (
     ExperimentRow,
     LoadedRows,
     Lookup,
+    PoolEvent,
+    RetirementEvent,
     SchemaStatus,
+    SharesEvent,
     StepEvent,
     TenantUsage,
 )
@@ -196,15 +199,25 @@ class SqlStore(Store):
                 if copy.source_id is not None:
                     conn.execute(
                         t.tasks.insert().from_select(
-                            ["experiment_id", "task_idx", "key", "features"],
-                            sa.select(sa.literal(experiment_id), t.tasks.c.task_idx, t.tasks.c.key, t.tasks.c.features)
+                            ["experiment_id", "task_idx", "key", "features", "group_name"],
+                            sa.select(
+                                sa.literal(experiment_id),
+                                t.tasks.c.task_idx,
+                                t.tasks.c.key,
+                                t.tasks.c.features,
+                                t.tasks.c.group_name,
+                            )
                             .where(t.tasks.c.experiment_id == copy.source_id, t.tasks.c.task_idx < n),
                         )
                     )
                 else:
                     assert copy.keys is not None and copy.features is not None
-                    rows = ((experiment_id, i, k, json.dumps(f)) for i, (k, f) in enumerate(zip(copy.keys, copy.features)))
-                    self._bulk_insert(conn, t.tasks, ("experiment_id", "task_idx", "key", "features"), rows)
+                    groups = copy.groups or [""] * len(copy.keys)
+                    rows = (
+                        (experiment_id, i, k, json.dumps(f), g or None)
+                        for i, (k, f, g) in enumerate(zip(copy.keys, copy.features, groups, strict=True))
+                    )
+                    self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
                 conn.execute(
                     t.checkpoints.insert().values(
                         experiment_id=experiment_id, step=copy.step, num_tasks=n, capability=copy.capability, create_time=now
@@ -214,6 +227,17 @@ class SqlStore(Store):
                 if alpha.shape != beta.shape:
                     raise ValueError(f"{len(alpha)} alpha values but {len(beta)} beta values")
                 self._insert_posteriors(conn, experiment_id, alpha, beta)
+                if len(copy.retired):
+                    retired = ((experiment_id, 1, int(i), True, copy.step, now) for i in sorted(copy.retired))
+                    self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, retired)
+                if copy.shares:
+                    seq = 2 if len(copy.retired) else 1
+                    conn.execute(
+                        t.group_shares.insert().values(
+                            experiment_id=experiment_id, seq=seq, shares=_shares_json(copy.shares), step=copy.step,
+                            create_time=now,
+                        )
+                    )
         except exc.IntegrityError as e:
             if self._name_taken(copy.name):
                 raise AlreadyExists(f"experiment {copy.name!r} already exists") from e
@@ -252,7 +276,7 @@ class SqlStore(Store):
     @_translate_errors
     def delete_experiment(self, experiment_id: int) -> bool:
         with self._write() as conn:
-            for table in (t.batch_tasks, t.batches, t.outcomes, t.steps, t.posteriors, t.checkpoints, t.tasks):
+            for table in (t.group_shares, t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps, t.posteriors, t.checkpoints, t.tasks):
                 conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
             deleted = conn.execute(t.experiments.delete().where(t.experiments.c.id == experiment_id)).rowcount
         return deleted == 1
@@ -274,8 +298,10 @@ class SqlStore(Store):
         keys: Sequence[str],
         features: Sequence[dict[str, float]],
         abandoned: Callable[[], bool] | None = None,
+        groups: Sequence[str] | None = None,
     ) -> int:
         total = expected_num_tasks + len(keys)
+        groups = groups or [""] * len(keys)
         try:
             with self._write(abandoned) as conn:
                 updated = conn.execute(
@@ -286,10 +312,10 @@ class SqlStore(Store):
                 if updated != 1:
                     raise StaleStep()
                 rows = (
-                    (experiment_id, expected_num_tasks + i, key, json.dumps(f))
-                    for i, (key, f) in enumerate(zip(keys, features, strict=True))
+                    (experiment_id, expected_num_tasks + i, key, json.dumps(f), g or None)
+                    for i, (key, f, g) in enumerate(zip(keys, features, groups, strict=True))
                 )
-                self._bulk_insert(conn, t.tasks, ("experiment_id", "task_idx", "key", "features"), rows)
+                self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
         except exc.IntegrityError as e:
             existing = self._existing_keys(experiment_id, keys, limit=5)
             raise AlreadyExists(f"task keys already in the experiment: {existing}") from e
@@ -315,6 +341,7 @@ class SqlStore(Store):
         after_step: int | None = None,
         first_task: int = 0,
         lookup: Lookup | None = None,
+        after_pool_event: int = 0,
     ) -> LoadedRows | None:
         # A rebuild reads the checkpoint and the events after it: one snapshot.
         # Catching up reads append-only rows bounded by the experiment row.
@@ -330,12 +357,13 @@ class SqlStore(Store):
             keys: list[str] = []
             weak: list[float | None] = []
             strong: list[float | None] = []
+            groups: list[str] = []
             if first_task < experiment.num_tasks:
                 # Only the two reference features are needed: extracted in SQL,
                 # without decoding every task's JSON in Python.
                 weak_name, strong_name = reference_features
                 query = (
-                    sa.select(t.tasks.c.key, self._feature(weak_name), self._feature(strong_name))
+                    sa.select(t.tasks.c.key, self._feature(weak_name), self._feature(strong_name), t.tasks.c.group_name)
                     .where(
                         t.tasks.c.experiment_id == experiment_id,
                         t.tasks.c.task_idx >= first_task,
@@ -343,10 +371,11 @@ class SqlStore(Store):
                     )
                     .order_by(t.tasks.c.task_idx)
                 )
-                for key, w, s in conn.execute(query):
+                for key, w, s, g in conn.execute(query):
                     keys.append(key)
                     weak.append(w)
                     strong.append(s)
+                    groups.append(g or "")
             events = self._read_events(conn, experiment_id, after_step, experiment.step)
             batch = leased = None
             if lookup is not None:
@@ -356,7 +385,8 @@ class SqlStore(Store):
                     batch = self._find_batch(conn, experiment_id, t.batches.c.request_key == lookup.request_key)
                 if lookup.leases_at is not None:
                     leased = list(conn.execute(_leased_tasks(experiment_id, lookup.leases_at)).scalars())
-        return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, leased)
+            pool_events = _read_pool_events(conn, experiment_id, after_pool_event)
+        return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, leased, pool_events, groups)
 
     def _feature(self, name: str) -> Any:
         """A task feature as a float column (NULL where missing)."""
@@ -467,7 +497,9 @@ class SqlStore(Store):
         )
 
     @_translate_errors
-    def insert_batch(self, experiment_id: int, batch: BatchRow, now: dt.datetime) -> BatchRow:
+    def insert_batch(
+        self, experiment_id: int, batch: BatchRow, now: dt.datetime, pool_seq: int | None = None
+    ) -> BatchRow:
         with self._write() as conn:
             query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
             step = conn.execute(self._lock_row(query)).scalar_one_or_none()
@@ -475,6 +507,8 @@ class SqlStore(Store):
             if existing is not None:
                 return existing
             if step != batch.step:
+                raise StaleStep()
+            if pool_seq is not None and _last_pool_event(conn, experiment_id) != pool_seq:
                 raise StaleStep()
             chosen = set(batch.task_idx)
             if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
@@ -532,6 +566,35 @@ class SqlStore(Store):
                 for i, s, n in zip(event.task_idx, event.successes, event.trials, strict=True)
             )
             self._bulk_insert(conn, t.outcomes, ("experiment_id", "step", "task_idx", "successes", "trials"), rows)
+
+    @_translate_errors
+    def commit_retirement(
+        self, experiment_id: int, seq: int, task_idx: Sequence[int], retired: bool, now: dt.datetime
+    ) -> RetirementEvent:
+        with self._write() as conn:
+            query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
+            step = conn.execute(self._lock_row(query)).scalar_one_or_none()
+            if step is None or _last_pool_event(conn, experiment_id) != seq - 1:
+                raise StaleStep()
+            rows = ((experiment_id, seq, int(i), retired, step, now) for i in task_idx)
+            self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, rows)
+        return RetirementEvent(seq=seq, step=step, task_idx=list(task_idx), retired=retired)
+
+    @_translate_errors
+    def commit_shares(
+        self, experiment_id: int, seq: int, shares: Mapping[str, tuple[float, float]], now: dt.datetime
+    ) -> SharesEvent:
+        with self._write() as conn:
+            query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
+            step = conn.execute(self._lock_row(query)).scalar_one_or_none()
+            if step is None or _last_pool_event(conn, experiment_id) != seq - 1:
+                raise StaleStep()
+            conn.execute(
+                t.group_shares.insert().values(
+                    experiment_id=experiment_id, seq=seq, shares=_shares_json(shares), step=step, create_time=now
+                )
+            )
+        return SharesEvent(seq=seq, step=step, shares=dict(shares))
 
     # -- dialect hooks ---------------------------------------------------------
 
@@ -602,6 +665,50 @@ def _open_batch(experiment_id: int, now: dt.datetime) -> sa.ColumnElement[bool]:
         t.batches.c.reported_step.is_(None),
         t.batches.c.lease_expire_time > now,
     )
+
+
+_RETIREMENT_COLUMNS = ("experiment_id", "seq", "task_idx", "retired", "step", "create_time")
+
+
+_TASK_COLUMNS = ("experiment_id", "task_idx", "key", "features", "group_name")
+
+
+def _last_pool_event(conn: Connection, experiment_id: int) -> int:
+    """The seq of the experiment's last pool event (retirement or shares), 0 if none."""
+    last = 0
+    for table in (t.retirements, t.group_shares):
+        query = sa.select(sa.func.coalesce(sa.func.max(table.c.seq), 0)).where(table.c.experiment_id == experiment_id)
+        last = max(last, int(conn.execute(query).scalar_one()))
+    return last
+
+
+def _read_pool_events(conn: Connection, experiment_id: int, after_seq: int) -> list[PoolEvent]:
+    """Pool events after `after_seq`, by seq; a retirement's tasks ascending."""
+    rows = conn.execute(
+        sa.select(t.retirements.c.seq, t.retirements.c.step, t.retirements.c.task_idx, t.retirements.c.retired)
+        .where(t.retirements.c.experiment_id == experiment_id, t.retirements.c.seq > after_seq)
+        .order_by(t.retirements.c.seq, t.retirements.c.task_idx)
+    ).all()
+    events: list[PoolEvent] = []
+    for r in rows:
+        last = events[-1] if events else None
+        if not isinstance(last, RetirementEvent) or last.seq != r.seq:
+            last = RetirementEvent(seq=r.seq, step=r.step, task_idx=[], retired=bool(r.retired))
+            events.append(last)
+        last.task_idx.append(r.task_idx)
+    share_rows = conn.execute(
+        sa.select(t.group_shares.c.seq, t.group_shares.c.step, t.group_shares.c.shares).where(
+            t.group_shares.c.experiment_id == experiment_id, t.group_shares.c.seq > after_seq
+        )
+    ).all()
+    for row in share_rows:
+        shares = {name: (float(low), float(high)) for name, (low, high) in json.loads(row.shares).items()}
+        events.append(SharesEvent(seq=row.seq, step=row.step, shares=shares))
+    return sorted(events, key=lambda e: e.seq)
+
+
+def _shares_json(shares: Mapping[str, tuple[float, float]]) -> str:
+    return json.dumps({name: [low, high] for name, (low, high) in shares.items()}, sort_keys=True)
 
 
 def _config_json(config: Mapping[str, Any]) -> str:

@@ -149,6 +149,7 @@ class Curriculum:
         batch_size: int,
         config: ExperimentConfig | None = None,
         features: Sequence[Mapping[str, float]] | None = None,
+        groups: Sequence[Any] | None = None,
         request_prefix: str = "step",
         rank: int | None = None,
         world_size: int | None = None,
@@ -165,6 +166,10 @@ class Curriculum:
         if features is not None and len(features) != len(self.keys):
             raise ValueError(f"got {len(features)} feature rows for {len(self.keys)} task keys")
         self.features = features
+        if groups is not None and len(groups) != len(self.keys):
+            raise ValueError(f"got {len(groups)} groups for {len(self.keys)} task keys")
+        # A task's group (e.g. its dataset, for group shares); None: none.
+        self.groups = None if groups is None else ["" if g is None else str(g) for g in groups]
         self.batch_size = int(batch_size)
         self.config = config
         self.request_prefix = request_prefix
@@ -268,7 +273,8 @@ class Curriculum:
 
     def _task(self, i: int) -> Task:
         features = {} if self.features is None else dict(self.features[i])
-        return Task(self.keys[i], {k: float(v) for k, v in features.items()})
+        group = "" if self.groups is None else self.groups[i]
+        return Task(self.keys[i], {k: float(v) for k, v in features.items()}, group)
 
     def _wait_for_setup(self) -> None:
         deadline = time.monotonic() + self.setup_timeout

@@ -106,6 +106,8 @@ class BotsGRPO:
         config: create the experiment with this config if it is missing
             (set rollouts_per_task = num_generations).
         features: per-row task features (reference pass rates), optional.
+        groups: per-row task group (e.g. the dataset a prompt came from), for
+            group shares; or give `dataset` and `group_column` to read them.
         success_threshold: a rollout succeeds when the wrapped reward is >=
             this (None: rewards in [0, 1] count fractionally).
         num_batches: generation batches per epoch (default: dataset size //
@@ -122,6 +124,8 @@ class BotsGRPO:
         key_column: str = "task_key",
         config: ExperimentConfig | None = None,
         features: Sequence[Mapping[str, float]] | None = None,
+        groups: Sequence[Any] | None = None,
+        group_column: str | None = None,
         success_threshold: float | None = 0.5,
         num_batches: int | None = None,
         request_prefix: str = "step",
@@ -130,6 +134,10 @@ class BotsGRPO:
             if dataset is None:
                 raise TypeError("pass keys= or dataset= (with key_column)")
             keys = list(dataset[key_column])
+        if groups is None and group_column is not None:
+            if dataset is None:
+                raise TypeError("group_column= reads the dataset: pass dataset= too")
+            groups = list(dataset[group_column])
         self.key_column = key_column
         self.success_threshold = success_threshold
         self.num_batches = num_batches
@@ -142,6 +150,7 @@ class BotsGRPO:
             batch_size=1,
             config=config,
             features=features,
+            groups=groups,
             request_prefix=request_prefix,
         )
         self.trainer: Any = None

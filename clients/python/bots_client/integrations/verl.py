@@ -146,7 +146,9 @@ class _CurriculumSampler(_BotsSampler):
     Options under `data_config.sampler` (or the keyword overrides): address,
     experiment, experiment_config (a dict of ExperimentConfig fields; creates
     the experiment if missing), key_field, feature_fields (feature name ->
-    row field, e.g. {"weak": "extra_info.weak_pass_rate"}), reward_key,
+    row field, e.g. {"weak": "extra_info.weak_pass_rate"}), group_field (the
+    row field naming each task's group for group shares, e.g. "data_source",
+    verl's dataset column; default none), reward_key,
     success_threshold, batch_size (default data.gen_batch_size or
     data.train_batch_size), batches_per_epoch (default len(dataset) //
     batch_size), request_prefix.
@@ -179,6 +181,8 @@ class _CurriculumSampler(_BotsSampler):
         if feature_fields:
             columns = {name: dataset_field(data_source, path) for name, path in feature_fields.items()}
             features = [{name: float(col[i]) for name, col in columns.items()} for i in range(len(keys))]
+        group_field = options.get("group_field")
+        groups = dataset_field(data_source, str(group_field)) if group_field else None
         config_fields = options.get("experiment_config")
         config = ExperimentConfig(**config_fields) if config_fields is not None else None
         curriculum = Curriculum(
@@ -188,6 +192,7 @@ class _CurriculumSampler(_BotsSampler):
             batch_size=int(batch_size),
             config=config,
             features=features,
+            groups=groups,
             request_prefix=str(options.get("request_prefix", "step")),
             rank=0,
             world_size=1,  # verl's single controller owns the dataloader

@@ -148,7 +148,7 @@ class ForkExperimentRequest(_message.Message):
     def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ...) -> None: ...
 
 class RestoreExperimentRequest(_message.Message):
-    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks")
+    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired", "groups")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,8 @@ class RestoreExperimentRequest(_message.Message):
     BETA_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TASKS_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: ExperimentConfig
     step: int
@@ -169,7 +171,9 @@ class RestoreExperimentRequest(_message.Message):
     beta: _containers.RepeatedScalarFieldContainer[float]
     features: _containers.RepeatedCompositeFieldContainer[Features]
     total_tasks: int
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ...) -> None: ...
+    retired: _containers.RepeatedScalarFieldContainer[bool]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("values",)
@@ -185,7 +189,7 @@ class Features(_message.Message):
     def __init__(self, values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("key", "features")
+    __slots__ = ("key", "features", "group")
     class FeaturesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,9 +199,11 @@ class Task(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     KEY_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     key: str
     features: _containers.ScalarMap[str, float]
-    def __init__(self, key: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    group: str
+    def __init__(self, key: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ..., group: _Optional[str] = ...) -> None: ...
 
 class AddTasksRequest(_message.Message):
     __slots__ = ("experiment", "tasks", "total_tasks")
@@ -280,15 +286,85 @@ class SnapshotRequest(_message.Message):
     def __init__(self, experiment: _Optional[str] = ..., include_features: _Optional[bool] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("experiment", "keys", "alpha", "beta", "features")
+    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired", "groups")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     experiment: Experiment
     keys: _containers.RepeatedScalarFieldContainer[str]
     alpha: _containers.RepeatedScalarFieldContainer[float]
     beta: _containers.RepeatedScalarFieldContainer[float]
     features: _containers.RepeatedCompositeFieldContainer[Features]
-    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ...) -> None: ...
+    retired: _containers.RepeatedScalarFieldContainer[bool]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RetireTasksRequest(_message.Message):
+    __slots__ = ("experiment", "keys")
+    EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    experiment: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, experiment: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RetireTasksResponse(_message.Message):
+    __slots__ = ("changed", "num_retired", "num_tasks")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    NUM_RETIRED_FIELD_NUMBER: _ClassVar[int]
+    NUM_TASKS_FIELD_NUMBER: _ClassVar[int]
+    changed: int
+    num_retired: int
+    num_tasks: int
+    def __init__(self, changed: _Optional[int] = ..., num_retired: _Optional[int] = ..., num_tasks: _Optional[int] = ...) -> None: ...
+
+class GroupShare(_message.Message):
+    __slots__ = ("group", "min_share", "max_share")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MIN_SHARE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SHARE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    min_share: float
+    max_share: float
+    def __init__(self, group: _Optional[str] = ..., min_share: _Optional[float] = ..., max_share: _Optional[float] = ...) -> None: ...
+
+class SetGroupSharesRequest(_message.Message):
+    __slots__ = ("experiment", "shares")
+    EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    experiment: str
+    shares: _containers.RepeatedCompositeFieldContainer[GroupShare]
+    def __init__(self, experiment: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("experiment",)
+    EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    experiment: str
+    def __init__(self, experiment: _Optional[str] = ...) -> None: ...
+
+class GroupInfo(_message.Message):
+    __slots__ = ("name", "num_tasks", "num_retired", "min_share", "max_share", "mean_success", "near_target")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_TASKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RETIRED_FIELD_NUMBER: _ClassVar[int]
+    MIN_SHARE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SHARE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    NEAR_TARGET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_tasks: int
+    num_retired: int
+    min_share: float
+    max_share: float
+    mean_success: float
+    near_target: float
+    def __init__(self, name: _Optional[str] = ..., num_tasks: _Optional[int] = ..., num_retired: _Optional[int] = ..., min_share: _Optional[float] = ..., max_share: _Optional[float] = ..., mean_success: _Optional[float] = ..., near_target: _Optional[float] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupInfo]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ...) -> None: ...

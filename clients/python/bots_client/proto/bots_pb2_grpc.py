@@ -85,6 +85,26 @@ class TaskSelectorStub:
                 request_serializer=bots_dot_v1_dot_bots__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=bots_dot_v1_dot_bots__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
+        self.RetireTasks = channel.unary_unary(
+                '/bots.v1.TaskSelector/RetireTasks',
+                request_serializer=bots_dot_v1_dot_bots__pb2.RetireTasksRequest.SerializeToString,
+                response_deserializer=bots_dot_v1_dot_bots__pb2.RetireTasksResponse.FromString,
+                _registered_method=True)
+        self.ReactivateTasks = channel.unary_unary(
+                '/bots.v1.TaskSelector/ReactivateTasks',
+                request_serializer=bots_dot_v1_dot_bots__pb2.RetireTasksRequest.SerializeToString,
+                response_deserializer=bots_dot_v1_dot_bots__pb2.RetireTasksResponse.FromString,
+                _registered_method=True)
+        self.SetGroupShares = channel.unary_unary(
+                '/bots.v1.TaskSelector/SetGroupShares',
+                request_serializer=bots_dot_v1_dot_bots__pb2.SetGroupSharesRequest.SerializeToString,
+                response_deserializer=bots_dot_v1_dot_bots__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/bots.v1.TaskSelector/ListGroups',
+                request_serializer=bots_dot_v1_dot_bots__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=bots_dot_v1_dot_bots__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class TaskSelectorServicer:
@@ -159,6 +179,38 @@ class TaskSelectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetireTasks(self, request, context):
+        """Retire tasks: they are never selected again (until re-activated); their
+        posterior is kept. All or nothing: an unknown key rejects the call.
+        Tasks in open batches stay in them and their reports are applied.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReactivateTasks(self, request, context):
+        """Make retired tasks selectable again, from their current posterior.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetGroupShares(self, request, context):
+        """Each group's share of every batch from the next select on, replacing
+        the shares before. All or nothing: unknown groups, or shares no batch
+        could meet, reject the call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """The experiment's groups: sizes, shares and per-group learning signals.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskSelectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +263,26 @@ def add_TaskSelectorServicer_to_server(servicer, server):
                     servicer.Snapshot,
                     request_deserializer=bots_dot_v1_dot_bots__pb2.SnapshotRequest.FromString,
                     response_serializer=bots_dot_v1_dot_bots__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'RetireTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetireTasks,
+                    request_deserializer=bots_dot_v1_dot_bots__pb2.RetireTasksRequest.FromString,
+                    response_serializer=bots_dot_v1_dot_bots__pb2.RetireTasksResponse.SerializeToString,
+            ),
+            'ReactivateTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReactivateTasks,
+                    request_deserializer=bots_dot_v1_dot_bots__pb2.RetireTasksRequest.FromString,
+                    response_serializer=bots_dot_v1_dot_bots__pb2.RetireTasksResponse.SerializeToString,
+            ),
+            'SetGroupShares': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetGroupShares,
+                    request_deserializer=bots_dot_v1_dot_bots__pb2.SetGroupSharesRequest.FromString,
+                    response_serializer=bots_dot_v1_dot_bots__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=bots_dot_v1_dot_bots__pb2.ListGroupsRequest.FromString,
+                    response_serializer=bots_dot_v1_dot_bots__pb2.ListGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +555,114 @@ class TaskSelector:
             '/bots.v1.TaskSelector/Snapshot',
             bots_dot_v1_dot_bots__pb2.SnapshotRequest.SerializeToString,
             bots_dot_v1_dot_bots__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetireTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bots.v1.TaskSelector/RetireTasks',
+            bots_dot_v1_dot_bots__pb2.RetireTasksRequest.SerializeToString,
+            bots_dot_v1_dot_bots__pb2.RetireTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReactivateTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bots.v1.TaskSelector/ReactivateTasks',
+            bots_dot_v1_dot_bots__pb2.RetireTasksRequest.SerializeToString,
+            bots_dot_v1_dot_bots__pb2.RetireTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetGroupShares(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bots.v1.TaskSelector/SetGroupShares',
+            bots_dot_v1_dot_bots__pb2.SetGroupSharesRequest.SerializeToString,
+            bots_dot_v1_dot_bots__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bots.v1.TaskSelector/ListGroups',
+            bots_dot_v1_dot_bots__pb2.ListGroupsRequest.SerializeToString,
+            bots_dot_v1_dot_bots__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
