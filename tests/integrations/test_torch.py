@@ -236,3 +236,147 @@ def test_sampler_pickles(client: bots_client.Client, exp_name: str) -> None:
     assert type(copy) is type(sampler) and copy.state_dict() == sampler.state_dict()
     copy.load_state_dict({**sampler.state_dict(), "step": 0, "offset": 0})
     assert next(iter(copy)) == first
+
+
+# -- exactly once across resume --------------------------------------------------------
+
+Selection = tuple[str, int, tuple[str, ...]]
+PER_EPOCH = 3  # batches of 4 per epoch in the resume tests
+
+
+def recorded(sampler: Any) -> list[Selection]:
+    """Record (request key, server step at selection, task keys) of every
+    batch the sampler draws."""
+    selections: list[Selection] = []
+    select = sampler.curriculum.select
+
+    def recording_select(*args: Any, **kwargs: Any) -> Any:
+        batch = select(*args, **kwargs)
+        selections.append((batch.request_key, batch.step, batch.keys))
+        return batch
+
+    sampler.curriculum.select = recording_select
+    return selections
+
+
+def train(sampler: Any, done: int, until: int, *, checkpoint_at: int | None = None) -> dict[str, Any] | None:
+    """A plain epoch loop (set_epoch, then the loader) from batch `done` to
+    `until`, reporting every batch; returns the sampler's state after batch
+    `checkpoint_at` was reported."""
+    loader = DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler)
+    state = None
+    epoch = done // PER_EPOCH
+    while done < until:
+        sampler.set_epoch(epoch)
+        for rows in loader:
+            sampler.report({k: outcome_of(k) for k in rows["key"]})
+            done += 1
+            if done == checkpoint_at:
+                state = pickle.loads(pickle.dumps(sampler.state_dict()))
+            if done == until:
+                break
+        epoch += 1
+    return state
+
+
+def new_sampler(address: str, experiment: str, **kwargs: Any) -> Any:
+    return BotsSampler(address, experiment, KEYS, batch_size=4, num_batches=PER_EPOCH, config=EXACT, **kwargs)
+
+
+def test_resume_at_any_step_and_epoch_boundary_draws_each_batch_once(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    total = 8
+    ref = new_sampler(address, exp_name + "-ref")
+    reference = recorded(ref)
+    train(ref, 0, total)
+    assert [(k, s) for k, s, _ in reference] == [(f"step-{i}", i) for i in range(total)]
+    ref_snap = client.snapshot(exp_name + "-ref")
+    for at in (3, 4, 6):  # epoch boundaries and inside an epoch
+        name = f"{exp_name}-{at}"
+        first = new_sampler(address, name)
+        first_selections = recorded(first)
+        state = train(first, 0, at + 1, checkpoint_at=at)  # crash one batch after the checkpoint
+        assert state is not None and state["step"] == at and state["pending"] == []
+        resumed = new_sampler(address, name)
+        selections = recorded(resumed)
+        resumed.load_state_dict(state)
+        train(resumed, at, total)
+        # Batch `at` was reported before the crash: drawn again (same request
+        # key, same tasks), its report an identical retry; then the rest.
+        assert first_selections + selections[1:] == reference, at
+        assert selections == reference[at:], at
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (total, 0)
+        snap = client.snapshot(name)
+        assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta), at
+
+
+def test_a_batch_drawn_before_the_checkpoint_is_drawn_again_only_if_never_reported(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    # verl's order: draw batch k, save the checkpoint, then report batch k.
+    for crash_before_report in (True, False):
+        name = f"{exp_name}-{int(crash_before_report)}"
+        first = new_sampler(address, name)
+        train(first, 0, 4)
+        it = iter(first)
+        [next(it) for _ in range(4)]  # batch 4 drawn (rows handed to the trainer) ...
+        state = pickle.loads(pickle.dumps(first.state_dict()))  # ... checkpoint ...
+        assert (state["step"], state["pending"], state["acknowledged_step"]) == (5, [4], 4)
+        if not crash_before_report:
+            first.report({k: outcome_of(k) for k in first.last_batch.keys})  # ... report, crash
+        resumed = new_sampler(address, name)
+        selections = recorded(resumed)
+        resumed.load_state_dict(state)
+        train(resumed, 5 if not crash_before_report else 4, 6)
+        drawn = [key for key, _, _ in selections]
+        assert drawn == (["step-4", "step-5"] if crash_before_report else ["step-5"])
+        assert selections[-1][1] == 5  # batch 5 selected at server step 5, as in an uninterrupted run
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (6, 0)
+
+
+def test_resume_with_another_world_size(address: str, client: bots_client.Client, exp_name: str) -> None:
+    total = 6
+    ref = new_sampler(address, exp_name + "-ref")
+    reference = recorded(ref)
+    train(ref, 0, total)
+    # Two ranks (threads); rank 0 reports, the other waits for it.
+    world, states = 2, {}
+    barrier = threading.Barrier(world)
+    first_selections: dict[int, list[Selection]] = {}
+
+    def rank_main(rank: int) -> None:
+        sampler = new_sampler(address, exp_name, rank=rank, world_size=world, gather=False)
+        first_selections[rank] = recorded(sampler)
+        loader = DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler)
+        done, epoch = 0, 0
+        while done < 4:
+            sampler.set_epoch(epoch)
+            for _rows in loader:
+                barrier.wait()
+                sampler.report({k: outcome_of(k) for k in sampler.last_batch.keys})
+                barrier.wait()  # no rank selects before rank 0's report landed
+                done += 1
+                if done == 4:
+                    break
+            epoch += 1
+        states[rank] = pickle.loads(pickle.dumps(sampler.state_dict()))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert first_selections[0][:4] == reference[:4] and first_selections[1][:4] == reference[:4]
+    state = states[0]
+    assert (state["step"], state["offset"], state["world_size"]) == (4, 0, 2)
+    state = {**state, "offset": 1}  # as if one row of rank 0's share was out
+    resumed = new_sampler(address, exp_name, rank=0, world_size=1)
+    selections = recorded(resumed)
+    resumed.load_state_dict(state)
+    assert (resumed.step, resumed.offset) == (4, 0)  # the share moved: batch 4 from its start
+    train(resumed, 4, total)
+    assert selections == reference[4:]
+    assert client.get_experiment(exp_name).step == total
