@@ -127,37 +127,60 @@ def client_step(address: str, experiment: str) -> int:
         return c.get_experiment(experiment).step
 
 
-def _ddp_worker(rank: int, world: int, address: str, experiment: str, init_file: str, out_dir: str) -> None:
+DDP_BATCHES = 6
+
+
+def _ddp_worker(
+    rank: int, world: int, address: str, experiment: str, init_file: str, out_dir: str, wait_for_report: bool
+) -> None:
+    import time
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        sampler = BotsSampler(address, experiment, KEYS, batch_size=4, num_batches=3, config=EXACT)
+        sampler = BotsSampler(
+            address, experiment, KEYS, batch_size=4, num_batches=DDP_BATCHES, config=EXACT,
+            wait_for_report=wait_for_report,
+        )  # fmt: skip
         assert (sampler.curriculum.rank, sampler.curriculum.world_size) == (rank, world)
         out = []
         for rows in DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler):
+            batch = sampler.last_batch
+            if rank == 0:
+                time.sleep(0.05)  # a slower reporter: the other rank reaches the next select first
             # Each rank rolled out only its share; report() all-gathers and rank 0 reports.
             results = sampler.report({k: (float(rank + 1), 3) for k in rows["key"]})
-            out.append({"batch_id": sampler.last_batch.batch_id, "keys": list(sampler.last_batch.keys),
-                        "local": list(rows["key"]), "reports": len(results)})  # fmt: skip
+            out.append({"batch_id": batch.batch_id, "keys": list(batch.keys), "number": batch.number,
+                        "step": batch.step, "local": list(rows["key"]), "reports": len(results),
+                        "acknowledged": sampler.curriculum.acknowledged_step})  # fmt: skip
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
 
 
-def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path) -> None:
+def _run_ddp(address: str, experiment: str, tmp_path: Path, *, wait_for_report: bool) -> list[list[dict[str, Any]]]:
     import torch.multiprocessing as mp
 
     world = 2
-    mp.spawn(_ddp_worker, args=(world, address, exp_name, str(tmp_path / "init"), str(tmp_path)), nprocs=world)
-    r0 = json.loads((tmp_path / "rank0.json").read_text())
-    r1 = json.loads((tmp_path / "rank1.json").read_text())
-    assert len(r0) == len(r1) == 3
+    init = str(tmp_path / f"init-{wait_for_report}")
+    mp.spawn(_ddp_worker, args=(world, address, experiment, init, str(tmp_path), wait_for_report), nprocs=world)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path) -> None:
+    world = 2
+    r0, r1 = _run_ddp(address, exp_name, tmp_path, wait_for_report=True)
+    assert len(r0) == len(r1) == DDP_BATCHES
     for a, b in zip(r0, r1):
         assert a["batch_id"] == b["batch_id"] and a["keys"] == b["keys"]
         assert a["local"] == a["keys"][0::2] and b["local"] == a["keys"][1::2]
         assert (a["reports"], b["reports"]) == (1, 0)
-    assert client_step(address, exp_name) == 3
+        # No rank selected before the previous report was applied: batch k
+        # was selected at server step k, on both ranks; both know the ack.
+        assert a["step"] == b["step"] == a["number"]
+        assert a["acknowledged"] == b["acknowledged"] == a["number"] + 1
+    assert client_step(address, exp_name) == DDP_BATCHES
     expected: dict[str, tuple[float, float]] = {}
     for batch in r0:  # the merged outcomes of both ranks, applied once per batch
         for j, key in enumerate(batch["keys"]):
@@ -166,6 +189,17 @@ def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path
             expected[key] = (s + rank + 1, f + 3 - (rank + 1))
     got = counts(bots_client.Client(address), exp_name)
     assert {k: got[k] for k in expected} == expected
+
+
+def test_real_ddp_pipelined_reports_lag_at_most_one_step(address: str, exp_name: str, tmp_path: Path) -> None:
+    # wait_for_report=False: for trainers that overlap the next selection
+    # with the report. A batch may then be selected one step early, and both
+    # ranks still get the same batch (the request key decides).
+    r0, r1 = _run_ddp(address, exp_name, tmp_path, wait_for_report=False)
+    for a, b in zip(r0, r1):
+        assert a["batch_id"] == b["batch_id"]
+        assert a["number"] - 1 <= a["step"] <= a["number"]
+    assert client_step(address, exp_name) == DDP_BATCHES
 
 
 def _draw(sampler: Any, n_batches: int) -> list[tuple[str, ...]]:
