@@ -414,3 +414,50 @@ def test_resume_with_another_world_size(address: str, client: bots_client.Client
     train(resumed, 4, total)
     assert selections == reference[4:]
     assert client.get_experiment(exp_name).step == total
+
+
+# -- curriculum signals in the trainer's logger ----------------------------------------
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] from the TensorBoard event files under log_dir."""
+    need("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted({p.parent for p in log_dir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return scalars
+
+
+def test_curriculum_signals_reach_tensorboard(client: bots_client.Client, exp_name: str, tmp_path: Path) -> None:
+    need("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    from bots_client.integrations.torch import tensorboard_listener
+
+    writer = SummaryWriter(str(tmp_path))
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, num_batches=3, config=EXACT,
+                          on_report=tensorboard_listener(writer), posterior_means=True)  # fmt: skip
+    expected: dict[str, list[tuple[int, float]]] = {}
+    totals: dict[str, tuple[float, int]] = {}
+    for step, rows in enumerate(DataLoader(KeyedDataset(), batch_size=4, sampler=sampler), start=1):
+        outcomes = {k: outcome_of(k) for k in rows["key"]}
+        sampler.report(outcomes)
+        for k, (s, n) in outcomes.items():
+            totals[k] = (totals.get(k, (0.0, 0))[0] + s, totals.get(k, (0.0, 0))[1] + n)
+        # By hand: successes over trials; tasks with 0 < s < n; Beta(1 + s, 1 + f) means (MoPPS, no forgetting).
+        rate = sum(s for s, _ in outcomes.values()) / sum(n for _, n in outcomes.values())
+        informative = sum(0 < s < n for s, n in outcomes.values()) / len(outcomes)
+        mean = sum((1 + totals[k][0]) / (2 + totals[k][1]) for k in outcomes) / len(outcomes)
+        for tag, value in (("batch_success_rate", rate), ("informative_fraction", informative),
+                           ("posterior_mean", mean), ("server_step", step)):  # fmt: skip
+            expected.setdefault(f"curriculum/{tag}", []).append((step, value))
+    writer.close()
+    got = read_scalars(tmp_path)
+    for tag, points in expected.items():
+        assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in points], rel=1e-6), tag

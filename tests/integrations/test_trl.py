@@ -86,8 +86,8 @@ def test_real_grpo_trainer_draws_prompts_from_the_service_and_reports_once_per_s
     assert issubclass(trainer_cls, GRPOTrainer)
     args = GRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
-        max_steps=3, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-        seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        max_steps=3, learning_rate=1e-3, logging_steps=1, report_to=["tensorboard"], save_strategy="no",
+        use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
     trainer = trainer_cls(model=model, processing_class=tokenizer, reward_funcs=[bots.reward(correct)],
                           args=args, train_dataset=train)  # fmt: skip
@@ -108,6 +108,18 @@ def test_real_grpo_trainer_draws_prompts_from_the_service_and_reports_once_per_s
             expected[key] = (prev[0] + s, prev[1] + 4.0 - s)
     got = counts(client, exp_name)
     assert {k: got[k] for k in expected} == expected
+
+    # The curriculum's signals went through report_to into TensorBoard,
+    # beside the loss, one point per optimizer step.
+    from tests.integrations.test_torch import read_scalars
+
+    scalars = read_scalars(tmp_path)  # output_dir/runs/...
+    rate = [sum(int(k.split("-")[1]) % 2 == 0 for k in keys) / len(keys) for keys in drawn]  # even tasks pass
+    assert [v for _, v in scalars["train/curriculum/batch_success_rate"]] == pytest.approx(rate)
+    assert [s for s, _ in scalars["train/curriculum/batch_success_rate"]] == [1, 2, 3]
+    assert [v for _, v in scalars["train/curriculum/server_step"]] == [1.0, 2.0, 3.0]
+    assert [v for _, v in scalars["train/curriculum/informative_fraction"]] == [0.0, 0.0, 0.0]  # all-or-nothing
+    assert "train/loss" in scalars
 
 
 def test_reward_wrapper_reports_only_while_training(client: bots_client.Client, exp_name: str) -> None:

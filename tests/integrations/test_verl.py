@@ -478,3 +478,24 @@ def test_a_key_the_batch_does_not_carry_is_an_error_not_a_silent_drop(
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "2 of 4 tasks of the batch were not reported" in errors[0].getMessage()
     assert "1 are not in this dataset" in errors[0].getMessage()
+
+
+def test_curriculum_signals_go_to_verls_tensorboard_directory(
+    address: str, exp_name: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.integrations.test_torch import read_scalars
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path))  # where verl's own TensorBoard logger writes
+    sampler = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, tracking=["tensorboard", "console"]))
+    loader = DataLoader(RLHFLike(), batch_size=4, sampler=sampler, collate_fn=lambda rows: rows)
+    expected = []
+    for rows in itertools.islice(loader, 2):
+        successes = [0, 1, 3, 3]
+        sampler.update(agent_loop_batch(rows, successes, n=3))
+        expected.append((sum(successes) / 12, sum(0 < s < 3 for s in successes) / 4))
+    scalars = read_scalars(tmp_path)
+    assert scalars["curriculum/batch_success_rate"] == [(1, pytest.approx(expected[0][0])),
+                                                        (2, pytest.approx(expected[1][0]))]  # fmt: skip
+    assert [v for _, v in scalars["curriculum/informative_fraction"]] == pytest.approx([e[1] for e in expected])
+    with pytest.raises(ValueError, match="unknown backends"):
+        BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, tracking=["mlflow"]))

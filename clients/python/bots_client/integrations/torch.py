@@ -44,7 +44,13 @@ from bots_client.types import ExperimentConfig, ReportResult
 if TYPE_CHECKING:
     from bots_client.client import Client
 
-__all__ = ["BotsBatchSampler", "BotsSampler", "all_gather_outcomes", "broadcast_acknowledgement"]
+__all__ = [
+    "BotsBatchSampler",
+    "BotsSampler",
+    "all_gather_outcomes",
+    "broadcast_acknowledgement",
+    "tensorboard_listener",
+]
 
 log = logging.getLogger("bots_client.integrations.torch")
 
@@ -72,6 +78,18 @@ def broadcast_acknowledgement(curriculum: Curriculum, results: Sequence[ReportRe
     for result in acknowledged:
         curriculum.acknowledge(result.step)
     return list(results) if curriculum.is_reporter else []
+
+
+def tensorboard_listener(writer: Any, prefix: str = "curriculum/") -> Callable[[CurriculumSignals], None]:
+    """A listener (`BotsSampler(on_report=...)`) writing each report's
+    curriculum signals to a TensorBoard `SummaryWriter` at the server step,
+    so they sit beside the loss: `on_report=tensorboard_listener(writer)`."""
+
+    def write(signals: CurriculumSignals) -> None:
+        for name, value in signals.as_dict(prefix).items():
+            writer.add_scalar(name, value, signals.step)
+
+    return write
 
 
 def all_gather_outcomes(outcomes: Mapping[str, tuple[float, int]]) -> dict[str, tuple[float, int]]:
@@ -107,6 +125,7 @@ class _SamplerBase:
         curriculum: Curriculum | None = None,
         wait_for_report: bool = True,
         on_report: Callable[[CurriculumSignals], None] | None = None,
+        posterior_means: bool = False,
     ) -> None:
         if curriculum is None:
             if client is None or experiment is None or keys is None or batch_size is None:
@@ -122,6 +141,7 @@ class _SamplerBase:
                 rank=rank,
                 world_size=world_size,
                 report_rank=report_rank,
+                posterior_means=posterior_means,
             )
         self.curriculum = curriculum
         world = curriculum.world_size
