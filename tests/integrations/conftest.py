@@ -4,7 +4,7 @@ the backends have their own suites), a client, and fresh experiment names.
 
 `need(module)` imports a framework or skips the test. Under CI it fails
 instead, for the frameworks CI installs (the top-level `test` extra): torch,
-trl and matplotlib by default, or the comma-separated list in
+trl, matplotlib, torchdata, openai and tensorboard by default, or the comma-separated list in
 BOTS_TEST_REQUIRED_FRAMEWORKS. verl and trinity-rft are not in that list:
 every verl release pins numpy < 2, which the rest of the project's
 environment cannot take; their adapters are tested against the data shapes
@@ -25,7 +25,7 @@ import pytest
 import bots_client
 from tests.support.servers import ServerProcess
 
-DEFAULT_REQUIRED_IN_CI = ("torch", "trl", "matplotlib")
+DEFAULT_REQUIRED_IN_CI = ("torch", "trl", "matplotlib", "torchdata", "openai", "tensorboard")
 
 
 def required_in_ci() -> set[str]:

@@ -127,37 +127,60 @@ def client_step(address: str, experiment: str) -> int:
         return c.get_experiment(experiment).step
 
 
-def _ddp_worker(rank: int, world: int, address: str, experiment: str, init_file: str, out_dir: str) -> None:
+DDP_BATCHES = 6
+
+
+def _ddp_worker(
+    rank: int, world: int, address: str, experiment: str, init_file: str, out_dir: str, wait_for_report: bool
+) -> None:
+    import time
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        sampler = BotsSampler(address, experiment, KEYS, batch_size=4, num_batches=3, config=EXACT)
+        sampler = BotsSampler(
+            address, experiment, KEYS, batch_size=4, num_batches=DDP_BATCHES, config=EXACT,
+            wait_for_report=wait_for_report,
+        )  # fmt: skip
         assert (sampler.curriculum.rank, sampler.curriculum.world_size) == (rank, world)
         out = []
         for rows in DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler):
+            batch = sampler.last_batch
+            if rank == 0:
+                time.sleep(0.05)  # a slower reporter: the other rank reaches the next select first
             # Each rank rolled out only its share; report() all-gathers and rank 0 reports.
             results = sampler.report({k: (float(rank + 1), 3) for k in rows["key"]})
-            out.append({"batch_id": sampler.last_batch.batch_id, "keys": list(sampler.last_batch.keys),
-                        "local": list(rows["key"]), "reports": len(results)})  # fmt: skip
+            out.append({"batch_id": batch.batch_id, "keys": list(batch.keys), "number": batch.number,
+                        "step": batch.step, "local": list(rows["key"]), "reports": len(results),
+                        "acknowledged": sampler.curriculum.acknowledged_step})  # fmt: skip
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
 
 
-def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path) -> None:
+def _run_ddp(address: str, experiment: str, tmp_path: Path, *, wait_for_report: bool) -> list[list[dict[str, Any]]]:
     import torch.multiprocessing as mp
 
     world = 2
-    mp.spawn(_ddp_worker, args=(world, address, exp_name, str(tmp_path / "init"), str(tmp_path)), nprocs=world)
-    r0 = json.loads((tmp_path / "rank0.json").read_text())
-    r1 = json.loads((tmp_path / "rank1.json").read_text())
-    assert len(r0) == len(r1) == 3
+    init = str(tmp_path / f"init-{wait_for_report}")
+    mp.spawn(_ddp_worker, args=(world, address, experiment, init, str(tmp_path), wait_for_report), nprocs=world)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path) -> None:
+    world = 2
+    r0, r1 = _run_ddp(address, exp_name, tmp_path, wait_for_report=True)
+    assert len(r0) == len(r1) == DDP_BATCHES
     for a, b in zip(r0, r1):
         assert a["batch_id"] == b["batch_id"] and a["keys"] == b["keys"]
         assert a["local"] == a["keys"][0::2] and b["local"] == a["keys"][1::2]
         assert (a["reports"], b["reports"]) == (1, 0)
-    assert client_step(address, exp_name) == 3
+        # No rank selected before the previous report was applied: batch k
+        # was selected at server step k, on both ranks; both know the ack.
+        assert a["step"] == b["step"] == a["number"]
+        assert a["acknowledged"] == b["acknowledged"] == a["number"] + 1
+    assert client_step(address, exp_name) == DDP_BATCHES
     expected: dict[str, tuple[float, float]] = {}
     for batch in r0:  # the merged outcomes of both ranks, applied once per batch
         for j, key in enumerate(batch["keys"]):
@@ -166,6 +189,17 @@ def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path
             expected[key] = (s + rank + 1, f + 3 - (rank + 1))
     got = counts(bots_client.Client(address), exp_name)
     assert {k: got[k] for k in expected} == expected
+
+
+def test_real_ddp_pipelined_reports_lag_at_most_one_step(address: str, exp_name: str, tmp_path: Path) -> None:
+    # wait_for_report=False: for trainers that overlap the next selection
+    # with the report. A batch may then be selected one step early, and both
+    # ranks still get the same batch (the request key decides).
+    r0, r1 = _run_ddp(address, exp_name, tmp_path, wait_for_report=False)
+    for a, b in zip(r0, r1):
+        assert a["batch_id"] == b["batch_id"]
+        assert a["number"] - 1 <= a["step"] <= a["number"]
+    assert client_step(address, exp_name) == DDP_BATCHES
 
 
 def _draw(sampler: Any, n_batches: int) -> list[tuple[str, ...]]:
@@ -236,3 +270,194 @@ def test_sampler_pickles(client: bots_client.Client, exp_name: str) -> None:
     assert type(copy) is type(sampler) and copy.state_dict() == sampler.state_dict()
     copy.load_state_dict({**sampler.state_dict(), "step": 0, "offset": 0})
     assert next(iter(copy)) == first
+
+
+# -- exactly once across resume --------------------------------------------------------
+
+Selection = tuple[str, int, tuple[str, ...]]
+PER_EPOCH = 3  # batches of 4 per epoch in the resume tests
+
+
+def recorded(sampler: Any) -> list[Selection]:
+    """Record (request key, server step at selection, task keys) of every
+    batch the sampler draws."""
+    selections: list[Selection] = []
+    select = sampler.curriculum.select
+
+    def recording_select(*args: Any, **kwargs: Any) -> Any:
+        batch = select(*args, **kwargs)
+        selections.append((batch.request_key, batch.step, batch.keys))
+        return batch
+
+    sampler.curriculum.select = recording_select
+    return selections
+
+
+def train(sampler: Any, done: int, until: int, *, checkpoint_at: int | None = None) -> dict[str, Any] | None:
+    """A plain epoch loop (set_epoch, then the loader) from batch `done` to
+    `until`, reporting every batch; returns the sampler's state after batch
+    `checkpoint_at` was reported."""
+    loader = DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler)
+    state = None
+    epoch = done // PER_EPOCH
+    while done < until:
+        sampler.set_epoch(epoch)
+        for rows in loader:
+            sampler.report({k: outcome_of(k) for k in rows["key"]})
+            done += 1
+            if done == checkpoint_at:
+                state = pickle.loads(pickle.dumps(sampler.state_dict()))
+            if done == until:
+                break
+        epoch += 1
+    return state
+
+
+def new_sampler(address: str, experiment: str, **kwargs: Any) -> Any:
+    return BotsSampler(address, experiment, KEYS, batch_size=4, num_batches=PER_EPOCH, config=EXACT, **kwargs)
+
+
+def test_resume_at_any_step_and_epoch_boundary_draws_each_batch_once(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    total = 8
+    ref = new_sampler(address, exp_name + "-ref")
+    reference = recorded(ref)
+    train(ref, 0, total)
+    assert [(k, s) for k, s, _ in reference] == [(f"step-{i}", i) for i in range(total)]
+    ref_snap = client.snapshot(exp_name + "-ref")
+    for at in (3, 4, 6):  # epoch boundaries and inside an epoch
+        name = f"{exp_name}-{at}"
+        first = new_sampler(address, name)
+        first_selections = recorded(first)
+        state = train(first, 0, at + 1, checkpoint_at=at)  # crash one batch after the checkpoint
+        assert state is not None and state["step"] == at and state["pending"] == []
+        resumed = new_sampler(address, name)
+        selections = recorded(resumed)
+        resumed.load_state_dict(state)
+        train(resumed, at, total)
+        # Batch `at` was reported before the crash: drawn again (same request
+        # key, same tasks), its report an identical retry; then the rest.
+        assert first_selections + selections[1:] == reference, at
+        assert selections == reference[at:], at
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (total, 0)
+        snap = client.snapshot(name)
+        assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta), at
+
+
+def test_a_batch_drawn_before_the_checkpoint_is_drawn_again_only_if_never_reported(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    # verl's order: draw batch k, save the checkpoint, then report batch k.
+    for crash_before_report in (True, False):
+        name = f"{exp_name}-{int(crash_before_report)}"
+        first = new_sampler(address, name)
+        train(first, 0, 4)
+        it = iter(first)
+        [next(it) for _ in range(4)]  # batch 4 drawn (rows handed to the trainer) ...
+        state = pickle.loads(pickle.dumps(first.state_dict()))  # ... checkpoint ...
+        assert (state["step"], state["pending"], state["acknowledged_step"]) == (5, [4], 4)
+        if not crash_before_report:
+            first.report({k: outcome_of(k) for k in first.last_batch.keys})  # ... report, crash
+        resumed = new_sampler(address, name)
+        selections = recorded(resumed)
+        resumed.load_state_dict(state)
+        train(resumed, 5 if not crash_before_report else 4, 6)
+        drawn = [key for key, _, _ in selections]
+        assert drawn == (["step-4", "step-5"] if crash_before_report else ["step-5"])
+        assert selections[-1][1] == 5  # batch 5 selected at server step 5, as in an uninterrupted run
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (6, 0)
+
+
+def test_resume_with_another_world_size(address: str, client: bots_client.Client, exp_name: str) -> None:
+    total = 6
+    ref = new_sampler(address, exp_name + "-ref")
+    reference = recorded(ref)
+    train(ref, 0, total)
+    # Two ranks (threads); rank 0 reports, the other waits for it.
+    world, states = 2, {}
+    barrier = threading.Barrier(world)
+    first_selections: dict[int, list[Selection]] = {}
+
+    def rank_main(rank: int) -> None:
+        sampler = new_sampler(address, exp_name, rank=rank, world_size=world, gather=False)
+        first_selections[rank] = recorded(sampler)
+        loader = DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler)
+        done, epoch = 0, 0
+        while done < 4:
+            sampler.set_epoch(epoch)
+            for _rows in loader:
+                barrier.wait()
+                sampler.report({k: outcome_of(k) for k in sampler.last_batch.keys})
+                barrier.wait()  # no rank selects before rank 0's report landed
+                done += 1
+                if done == 4:
+                    break
+            epoch += 1
+        states[rank] = pickle.loads(pickle.dumps(sampler.state_dict()))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert first_selections[0][:4] == reference[:4] and first_selections[1][:4] == reference[:4]
+    state = states[0]
+    assert (state["step"], state["offset"], state["world_size"]) == (4, 0, 2)
+    state = {**state, "offset": 1}  # as if one row of rank 0's share was out
+    resumed = new_sampler(address, exp_name, rank=0, world_size=1)
+    selections = recorded(resumed)
+    resumed.load_state_dict(state)
+    assert (resumed.step, resumed.offset) == (4, 0)  # the share moved: batch 4 from its start
+    train(resumed, 4, total)
+    assert selections == reference[4:]
+    assert client.get_experiment(exp_name).step == total
+
+
+# -- curriculum signals in the trainer's logger ----------------------------------------
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] from the TensorBoard event files under log_dir."""
+    need("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted({p.parent for p in log_dir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return scalars
+
+
+def test_curriculum_signals_reach_tensorboard(client: bots_client.Client, exp_name: str, tmp_path: Path) -> None:
+    need("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    from bots_client.integrations.torch import tensorboard_listener
+
+    writer = SummaryWriter(str(tmp_path))
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, num_batches=3, config=EXACT,
+                          on_report=tensorboard_listener(writer), posterior_means=True)  # fmt: skip
+    expected: dict[str, list[tuple[int, float]]] = {}
+    totals: dict[str, tuple[float, int]] = {}
+    for step, rows in enumerate(DataLoader(KeyedDataset(), batch_size=4, sampler=sampler), start=1):
+        outcomes = {k: outcome_of(k) for k in rows["key"]}
+        sampler.report(outcomes)
+        for k, (s, n) in outcomes.items():
+            totals[k] = (totals.get(k, (0.0, 0))[0] + s, totals.get(k, (0.0, 0))[1] + n)
+        # By hand: successes over trials; tasks with 0 < s < n; Beta(1 + s, 1 + f) means (MoPPS, no forgetting).
+        rate = sum(s for s, _ in outcomes.values()) / sum(n for _, n in outcomes.values())
+        informative = sum(0 < s < n for s, n in outcomes.values()) / len(outcomes)
+        mean = sum((1 + totals[k][0]) / (2 + totals[k][1]) for k in outcomes) / len(outcomes)
+        for tag, value in (("batch_success_rate", rate), ("informative_fraction", informative),
+                           ("posterior_mean", mean), ("server_step", step)):  # fmt: skip
+            expected.setdefault(f"curriculum/{tag}", []).append((step, value))
+    writer.close()
+    got = read_scalars(tmp_path)
+    for tag, points in expected.items():
+        assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in points], rel=1e-6), tag

@@ -65,14 +65,18 @@ def test_get_indices_feedback_and_resume(address: str, client: bots_client.Clien
 
     second = selector.get_indices(5)
     state = selector.state_dict()
-    assert state == {"current_index": 10, "experiment": exp_name, "step": 2}
+    assert state == {"current_index": 10, "experiment": exp_name, "step": 2, "pending": [1], "acknowledged_step": 1}
+    # Batch 1 got no feedback before the restart: drawn again, the same tasks.
     restarted = BotsSelector(reader(), config)
     restarted.load_state_dict(state)
-    restarted_first = restarted.get_indices(5)
-    assert not set(restarted_first) & set(second)  # batch 2, not batch 1 again (that one is leased)
+    assert list(restarted.get_indices(5)) == list(second)
+    restarted.feedback(second.tolist(), [1.0] * 5)
+    third = restarted.get_indices(5)
+    assert client.get_experiment(exp_name).step == 2
+    # Had the feedback arrived after the checkpoint, the restart goes on at batch 2.
     again = BotsSelector(reader(), config)
-    again.load_state_dict({**state, "step": 1})
-    assert list(again.get_indices(5)) == list(second)  # the same request key, the same batch
+    again.load_state_dict(state)
+    assert list(again.get_indices(5)) == list(third)
 
 
 def test_trinity_knobs_and_feature_keys_configure_the_experiment(
@@ -141,3 +145,66 @@ def test_real_trinity_registry_reader_and_pass_rate_operator(
     for i in indices:
         assert got[f"id-{i}"] == ((1.0, 1.0) if i % 2 == 0 else (0.0, 2.0))
     assert np.asarray(indices).dtype.kind == "i"
+
+
+def explore(
+    selector: BotsSelector, *, start: int, total: int, checkpoint_at: int | None = None, crash_after_feedback: bool = False
+) -> dict[str, Any] | None:
+    """Trinity's explorer one step off-policy: at step k it draws batch k
+    (TasksetScheduler.read_async -> get_indices), then the feedback of batch
+    k - 1 arrives (pass_rate_calculator -> update). After step
+    `checkpoint_at` the explorer checkpoints the selector's state_dict and
+    crashes: at once, or after the next step's draw and the feedback of
+    batch `checkpoint_at`."""
+
+    def feedback(indices: Any) -> None:
+        selector.update(indices.tolist(), [0.25 * (i % 5) for i in indices.tolist()])
+
+    in_flight: list[Any] = []
+    for step in range(start, total):
+        in_flight.append(selector.get_indices(4))
+        if len(in_flight) > 1:
+            feedback(in_flight.pop(0))
+        if step == checkpoint_at:
+            state = selector.state_dict()
+            if crash_after_feedback:
+                selector.get_indices(4)
+                feedback(in_flight.pop(0))
+            return state
+    while in_flight:
+        feedback(in_flight.pop(0))
+    return None
+
+
+def test_resume_from_explorer_checkpoints_draws_and_reports_each_batch_once(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    import dataclasses
+
+    from tests.integrations.test_torch import recorded
+
+    need("torch")  # only for the recording helper's module
+    total = 10  # 20 tasks, 4 per batch: the scheduler's epochs are 5 steps
+    config = lambda name: selector_config(  # noqa: E731
+        address, name, key_field="id", experiment_config=dataclasses.asdict(EXACT)
+    )
+    ref = BotsSelector(reader(), config(exp_name + "-ref"))
+    reference = recorded(ref)
+    explore(ref, start=0, total=total)
+    ref_exp = client.get_experiment(exp_name + "-ref")
+    assert ref_exp.step == total and [k for k, _, _ in reference] == [f"step-{i}" for i in range(total)]
+    for at, after_feedback in ((4, False), (5, False), (5, True), (7, True)):  # epoch boundary at step 5
+        name = f"{exp_name}-{at}-{int(after_feedback)}"
+        first = BotsSelector(reader(), config(name))
+        first_selections = recorded(first)
+        state = explore(first, start=0, total=total, checkpoint_at=at, crash_after_feedback=after_feedback)
+        assert state is not None and state["pending"] == [at]
+        resumed = BotsSelector(reader(), config(name))
+        selections = recorded(resumed)
+        resumed.load_state_dict(state)
+        explore(resumed, start=at + 1, total=total + (0 if after_feedback else 1))
+        assert first_selections == reference[: at + 1 + int(after_feedback)]
+        # Without its feedback batch `at` is drawn again, with it the next one.
+        assert selections == reference[(at if not after_feedback else at + 1) : total], (at, after_feedback)
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (total, 0), (at, after_feedback)

@@ -5,6 +5,7 @@ whose rewards are reported once per generation batch."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from typing import Any
@@ -97,8 +98,8 @@ def test_real_grpo_trainer_draws_prompts_from_the_service_and_reports_once_per_s
     assert issubclass(trainer_cls, GRPOTrainer)
     args = GRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
-        max_steps=3, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-        seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        max_steps=3, learning_rate=1e-3, logging_steps=1, report_to=["tensorboard"], save_strategy="no",
+        use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
     trainer = trainer_cls(model=model, processing_class=tokenizer, reward_funcs=[bots.reward(correct)],
                           args=args, train_dataset=train)  # fmt: skip
@@ -119,6 +120,18 @@ def test_real_grpo_trainer_draws_prompts_from_the_service_and_reports_once_per_s
             expected[key] = (prev[0] + s, prev[1] + 4.0 - s)
     got = counts(client, exp_name)
     assert {k: got[k] for k in expected} == expected
+
+    # The curriculum's signals went through report_to into TensorBoard,
+    # beside the loss, one point per optimizer step.
+    from tests.integrations.test_torch import read_scalars
+
+    scalars = read_scalars(tmp_path)  # output_dir/runs/...
+    rate = [sum(int(k.split("-")[1]) % 2 == 0 for k in keys) / len(keys) for keys in drawn]  # even tasks pass
+    assert [v for _, v in scalars["train/curriculum/batch_success_rate"]] == pytest.approx(rate)
+    assert [s for s, _ in scalars["train/curriculum/batch_success_rate"]] == [1, 2, 3]
+    assert [v for _, v in scalars["train/curriculum/server_step"]] == [1.0, 2.0, 3.0]
+    assert [v for _, v in scalars["train/curriculum/informative_fraction"]] == [0.0, 0.0, 0.0]  # all-or-nothing
+    assert "train/loss" in scalars
 
 
 def test_reward_wrapper_reports_only_while_training(client: bots_client.Client, exp_name: str) -> None:
@@ -145,3 +158,92 @@ def test_reward_wrapper_reports_only_while_training(client: bots_client.Client, 
     assert got[batch.keys[0]] == (1.0, 0.0) and got[batch.keys[1]] == (1.0, 1.0)  # None skipped
     with pytest.raises(KeyError, match="task_key"):
         wrapped(prompts=["p"], completions=["c"])
+
+
+# -- resume ----------------------------------------------------------------------------
+
+
+class _Crash(Exception):
+    pass
+
+
+def _grpo_run(
+    address: str, experiment: str, output_dir: Any, *, max_steps: int, crash_at: int | None = None,
+    resume: str | None = None,
+) -> tuple[list[tuple[str, int, tuple[str, ...]]], BotsGRPO]:
+    """A real GRPOTrainer run of 2 prompts x 4 generations per step, 3 steps
+    per epoch, a checkpoint after every step; it raises right after saving
+    checkpoint `crash_at`. Returns every selection it made: (request key,
+    server step at selection, task keys), in order."""
+    import datasets
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model, tokenizer = _tiny_model_and_tokenizer()
+    train = datasets.Dataset.from_dict({
+        "prompt": [f"solve task {i}" for i in range(N_TASKS)],
+        "task_key": [f"task-{i}" for i in range(N_TASKS)],
+    })  # fmt: skip
+    bots = BotsGRPO(address, experiment, dataset=train, key_column="task_key", config=EXACT, num_batches=3)
+    selections: list[tuple[str, int, tuple[str, ...]]] = []
+    select = bots.curriculum.select
+
+    def recording_select(*args: Any, **kwargs: Any) -> Any:
+        batch = select(*args, **kwargs)
+        selections.append((batch.request_key, batch.step, batch.keys))
+        return batch
+
+    bots.curriculum.select = recording_select  # type: ignore[method-assign]
+
+    class CrashAfterSave(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == crash_at:
+                raise _Crash(state.global_step)
+
+    def correct(prompts: list[str], completions: list[str], task_key: list[str], **kwargs: Any) -> list[float]:
+        return [1.0 if int(k.split("-")[1]) % 3 == 0 else 0.0 for k in task_key]
+
+    args = GRPOConfig(
+        output_dir=str(output_dir), per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
+        max_steps=max_steps, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="steps", save_steps=1,
+        use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = bots.trainer_class(GRPOTrainer)(
+        model=model, processing_class=tokenizer, reward_funcs=[bots.reward(correct)], args=args, train_dataset=train,
+        callbacks=[CrashAfterSave()],
+    )  # fmt: skip
+    with contextlib.suppress(_Crash):
+        trainer.train(resume_from_checkpoint=resume)
+    return selections, bots
+
+
+def test_real_grpo_trainer_resumes_exactly_once_at_any_step_and_epoch(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    need("trl")
+    max_steps = 7  # epochs of 3 steps: 0-2, 3-5, 6
+    reference, _ = _grpo_run(address, exp_name + "-ref", tmp_path / "ref", max_steps=max_steps)
+    ref_exp = client.get_experiment(exp_name + "-ref")
+    assert ref_exp.step == max_steps
+    # The sequence every run must follow: request keys in order, each
+    # selected at the server step an uninterrupted run selected it at.
+    assert [key for key, _, _ in reference][:max_steps] == [f"step-{i}" for i in range(max_steps)]
+    ref_snap = client.snapshot(exp_name + "-ref")
+    for crash_at in (3, 4, 6):  # an epoch boundary, inside epoch 1, the next boundary
+        name = f"{exp_name}-c{crash_at}"
+        out = tmp_path / f"crash{crash_at}"
+        before, _ = _grpo_run(address, name, out, max_steps=max_steps, crash_at=crash_at)
+        assert client.get_experiment(name).step == crash_at and before == reference[: len(before)]
+        after, bots = _grpo_run(address, name, out, max_steps=max_steps, resume=str(out / f"checkpoint-{crash_at}"))
+        # A new process starts at the resumed epoch's first batch (its own
+        # request key) and replays the batches it skips: the same batches.
+        epoch_start = crash_at // 3 * 3
+        assert after == reference[epoch_start : epoch_start + len(after)], crash_at
+        assert after[-1] == reference[-1]
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (ref_exp.step, ref_exp.open_batches), crash_at
+        assert [r.step for r in bots.reports if not r.duplicate] == list(range(crash_at + 1, max_steps + 1))
+        snap = client.snapshot(name)  # every outcome applied exactly once: the same posterior
+        assert snap.keys == ref_snap.keys
+        assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta), crash_at

@@ -14,7 +14,10 @@ DataProto) where verl is installed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
 import os
+import pickle
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,17 +47,23 @@ class Frame:
 
 
 class RLHFLike(torch.utils.data.Dataset):
-    """verl's RLHFDataset rows: prompt, data_source, reward_model, extra_info."""
+    """verl's RLHFDataset rows: prompt, data_source, reward_model, extra_info.
+    Several `sources` stand for several data files, each numbering its
+    extra_info.index from `index_offset`."""
 
-    def __init__(self, n: int = N_ROWS, index_offset: int = 1000) -> None:
-        rows = []
-        for i in range(n):
-            rows.append({
-                "data_source": "synthetic/add",
+    def __init__(
+        self, n: int = N_ROWS, index_offset: int = 1000, sources: tuple[str, ...] = ("synthetic/add",)
+    ) -> None:
+        rows = [
+            {
+                "data_source": source,
                 "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
                 "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
                 "extra_info": {"index": index_offset + i, "uid": f"u-{i}", "weak": 0.1, "strong": 0.05 * i},
-            })  # fmt: skip
+            }
+            for source in sources
+            for i in range(n)
+        ]
         self.dataframe = Frame(rows)
 
     def __len__(self) -> int:
@@ -310,3 +319,197 @@ def test_group_field_puts_each_task_in_its_data_source(address: str, client: bot
     keys = sampler.curriculum.select(0, batch_size=4).keys
     by_source = sorted(dataset.dataframe.rows[int(k) - 1000]["data_source"] for k in keys)
     assert by_source == ["gsm8k", "gsm8k", "math", "math"]
+
+
+# -- exactly once across resume (verl's fit-loop order, torchdata's real loader) --------
+
+
+def verl_fit(
+    sampler: Any,
+    *,
+    start: int,
+    total: int,
+    checkpoint: dict[str, Any] | None = None,
+    save_at: int | None = None,
+    crash: str | None = None,
+) -> dict[str, Any] | None:
+    """RayPPOTrainer.fit's order around the sampler: for each batch of a
+    StatefulDataLoader, roll out, save the checkpoint (the dataloader's
+    state) when due, *then* call `sampler.update(batch)`. Steps count from 1
+    like verl's global_steps; `crash` ("before_update" or "after_update")
+    stops the run at the checkpoint of step `save_at`."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(RLHFLike(), batch_size=4, sampler=sampler, num_workers=0, drop_last=True,
+                                collate_fn=lambda rows: rows)  # fmt: skip
+    if checkpoint is not None:
+        loader.load_state_dict(checkpoint)
+    global_steps = start
+    for _epoch in range(start // len(loader), total):
+        for rows in loader:
+            global_steps += 1
+            index_values = [r["index"] for r in rows]
+            batch = rollout_batch(index_values, {i: i % 3 for i in index_values}, n=3)
+            state = None
+            if global_steps == save_at:
+                state = pickle.loads(pickle.dumps(loader.state_dict()))
+                if crash == "before_update":
+                    return state
+            sampler.update(batch)
+            if state is not None and crash == "after_update":
+                return state
+            if global_steps >= total:
+                return None
+    return None
+
+
+def test_resume_from_verl_checkpoints_reports_every_batch_once(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    need("torchdata")
+    from tests.integrations.test_torch import recorded
+
+    total = 8  # epochs of 3 batches
+    ref = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name + "-ref"))
+    reference = recorded(ref)
+    verl_fit(ref, start=0, total=total)
+    assert [(k, s) for k, s, _ in reference] == [(f"step-{i}", i) for i in range(total)]
+    ref_snap = client.snapshot(exp_name + "-ref")
+    cases = [(3, "after_update"), (3, "before_update"), (4, "before_update"), (5, "after_update")]
+    for save_at, crash in cases:
+        name = f"{exp_name}-{save_at}-{crash}"
+        first = BotsCurriculumSampler(RLHFLike(), data_config(address, name))
+        first_selections = recorded(first)
+        checkpoint = verl_fit(first, start=0, total=total, save_at=save_at, crash=crash)
+        resumed = BotsCurriculumSampler(RLHFLike(), data_config(address, name))
+        selections = recorded(resumed)
+        verl_fit(resumed, start=save_at, total=total, checkpoint=checkpoint)
+        if crash == "before_update":
+            # Batch save_at - 1 trained, checkpointed, never reported: drawn
+            # again (same request key, same tasks) and reported once. verl
+            # counts it as one more step, so its step budget ends one batch early.
+            assert selections[0] == first_selections[-1] == reference[save_at - 1]
+            assert selections == reference[save_at - 1 : total - 1], (save_at, crash)
+            expected_step = total - 1
+        else:
+            assert selections == reference[save_at:], (save_at, crash)
+            expected_step = total
+        assert first_selections == reference[:save_at]
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (expected_step, 0), (save_at, crash)
+        if expected_step == total:
+            snap = client.snapshot(name)
+            assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta)
+
+
+# -- keys: where verl 0.7 leaves them -------------------------------------------------
+
+
+def agent_loop_batch(rows: list[dict[str, Any]], successes: list[int], n: int) -> SimpleNamespace:
+    """The batch `update()` gets under verl 0.7's default agent loop
+    (async rollout): RayPPOTrainer._get_gen_batch moved every non-tensor
+    column but data_source, reward_model, extra_info and uid into the
+    generation batch, the agent loop returned only its own fields
+    (__num_turns__, reward extras), uid is a fresh uuid per prompt."""
+    rep = [(r, j < s) for r, s in zip(rows, successes) for j in range(n)]
+    scores = torch.zeros(len(rep), 4)
+    scores[:, -1] = torch.tensor([float(ok) for _, ok in rep])
+    column = lambda values: np.array(values, dtype=object)  # noqa: E731
+    return SimpleNamespace(
+        batch={"token_level_scores": scores},
+        non_tensor_batch={
+            "data_source": column([r["data_source"] for r, _ in rep]),
+            "reward_model": column([r["reward_model"] for r, _ in rep]),
+            "extra_info": column([r["extra_info"] for r, _ in rep]),
+            "uid": column([f"uuid-{id(r)}" for r, _ in rep]),
+            "__num_turns__": np.array([2] * len(rep), dtype=np.int32),
+        },
+        meta_info={},
+    )
+
+
+def drawn_rows(sampler: Any, dataset: RLHFLike) -> list[dict[str, Any]]:
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=lambda rows: rows)
+    return next(iter(loader))
+
+
+def test_keys_are_found_where_the_default_agent_loop_leaves_them(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    sampler = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))  # key_field: index
+    rows = drawn_rows(sampler, RLHFLike())
+    sampler.update(agent_loop_batch(rows, [0, 1, 2, 3], n=3))  # no top-level "index" any more
+    got = counts(client, exp_name)
+    assert [got[str(r["index"])] for r in rows] == [(0.0, 3.0), (1.0, 2.0), (2.0, 1.0), (3.0, 0.0)]
+    assert client.get_experiment(exp_name).step == 1
+
+
+def test_two_data_files_keyed_by_data_source_and_index(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    mix = RLHFLike(n=6, index_offset=0, sources=("openai/gsm8k", "lighteval/MATH"))  # both index from 0
+    with pytest.raises(ValueError, match=r"key_field=\[data_source,index\]"):
+        BotsCurriculumSampler(mix, data_config(address, exp_name))
+    sampler = BotsCurriculumSampler(mix, data_config(address, exp_name, key_field=["data_source", "index"]))
+    assert sampler.curriculum.keys[:2] == ["openai/gsm8k:0", "openai/gsm8k:1"]
+    assert sampler.curriculum.keys[6:8] == ["lighteval/MATH:0", "lighteval/MATH:1"]
+    expected: dict[str, tuple[float, float]] = {}
+    loader = DataLoader(mix, batch_size=4, sampler=sampler, collate_fn=lambda rows: rows)
+    for rows in itertools.islice(loader, 3):  # each file's rows reported under their own keys
+        keys = [f"{r['data_source']}:{r['extra_info']['index']}" for r in rows]
+        assert keys == list(sampler.last_batch.keys)
+        sampler.update(agent_loop_batch(rows, [2, 0, 1, 0], n=2))
+        for key, s in zip(keys, [2.0, 0.0, 1.0, 0.0]):
+            prev = expected.get(key, (0.0, 0.0))
+            expected[key] = (prev[0] + s, prev[1] + 2.0 - s)
+    got = counts(client, exp_name)
+    assert {k: v for k, v in got.items() if v != (0.0, 0.0)} == {k: v for k, v in expected.items() if v != (0, 0)}
+    assert client.get_experiment(exp_name).step == 3
+
+
+def test_a_key_the_batch_does_not_carry_is_an_error_not_a_silent_drop(
+    address: str, client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    dataset = RLHFLike()
+    for i, row in enumerate(dataset.dataframe.rows):
+        row["task_key"] = f"t-{i}"  # a top-level column: the agent loop drops it
+    dataset.dataframe = Frame(dataset.dataframe.rows)
+    caplog.set_level(logging.WARNING, "bots_client.integrations.verl")
+    sampler = BotsCurriculumSampler(dataset, data_config(address, exp_name, key_field="task_key"))
+    assert "drops it before update()" in caplog.text  # warned at start-up
+    rows = drawn_rows(sampler, dataset)
+    with pytest.raises(KeyError, match=r"12 of 12 rollout rows have no task key \['task_key'\].*extra_info"):
+        sampler.update(agent_loop_batch(rows, [1, 1, 1, 1], n=3))
+    assert client.get_experiment(exp_name).step == 0
+
+    # Keys that map to no open batch are reported nowhere: an ERROR with counts.
+    caplog.clear()
+    other = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name + "-b"))
+    rows = drawn_rows(other, RLHFLike())
+    stale = dict(rows[0], extra_info={**rows[0]["extra_info"], "index": 1000 + 11})  # never drawn
+    foreign = dict(rows[1], extra_info={**rows[1]["extra_info"], "index": 99})  # not in the dataset
+    other.update(agent_loop_batch([rows[2], rows[3], stale, foreign], [1, 1, 1, 1], n=2))
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "2 of 4 tasks of the batch were not reported" in errors[0].getMessage()
+    assert "1 are not in this dataset" in errors[0].getMessage()
+
+
+def test_curriculum_signals_go_to_verls_tensorboard_directory(
+    address: str, exp_name: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.integrations.test_torch import read_scalars
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path))  # where verl's own TensorBoard logger writes
+    sampler = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, tracking=["tensorboard", "console"]))
+    loader = DataLoader(RLHFLike(), batch_size=4, sampler=sampler, collate_fn=lambda rows: rows)
+    expected = []
+    for rows in itertools.islice(loader, 2):
+        successes = [0, 1, 3, 3]
+        sampler.update(agent_loop_batch(rows, successes, n=3))
+        expected.append((sum(successes) / 12, sum(0 < s < 3 for s in successes) / 4))
+    scalars = read_scalars(tmp_path)
+    assert scalars["curriculum/batch_success_rate"] == [(1, pytest.approx(expected[0][0])),
+                                                        (2, pytest.approx(expected[1][0]))]  # fmt: skip
+    assert [v for _, v in scalars["curriculum/informative_fraction"]] == pytest.approx([e[1] for e in expected])
+    with pytest.raises(ValueError, match="unknown backends"):
+        BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, tracking=["mlflow"]))

@@ -13,6 +13,7 @@ prompt_index * n + sample, and /v1/chat/completions with n choices of
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ import pytest
 
 import bots_client
 from bots_client.integrations.vllm import generate_llm, generate_openai, group_flat, rollout, rollout_and_report, score
-from tests.integrations.conftest import EXACT, counts
+from tests.integrations.conftest import EXACT, counts, need
 
 ANSWERS = {"t0": "4", "t1": "9", "t2": "16"}
 
@@ -83,23 +84,53 @@ def test_generate_llm_groups_by_prompt_and_sample_index() -> None:
 
 
 class OpenAIHandler(BaseHTTPRequestHandler):
+    """Answers like `vllm serve`: the response bodies of vLLM's
+    CompletionResponse and ChatCompletionResponse (vllm/entrypoints/openai/
+    {completion,chat_completion}/protocol.py), every field included, choices
+    in completion order. A sample stops at max_tokens ("length") when its
+    text would be longer; a request without max_tokens gets vLLM's default
+    for completions, 16."""
+
     requests: ClassVar[list[dict[str, Any]]] = []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         OpenAIHandler.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
-        n = body["n"]
+        n, limit = body.get("n", 1), body.get("max_tokens", 16)
+        usage = {"prompt_tokens": 7, "total_tokens": 7 + 3 * n, "completion_tokens": 3 * n,
+                 "prompt_tokens_details": None}  # fmt: skip
+
+        def finish(text: str) -> tuple[str, str]:
+            words = text.split()
+            return (" ".join(words[:limit]), "length") if len(words) > limit else (text, "stop")
+
         if self.path.endswith("/chat/completions"):
             last = body["messages"][-1]["content"]
-            choices = [{"index": j, "message": {"role": "assistant", "content": f"{last}#{j}"}} for j in range(n)]
+            choices = []
+            for j in range(n):
+                text, reason = finish(f"{last}#{j}")
+                choices.append({
+                    "index": j, "logprobs": None, "finish_reason": reason, "stop_reason": None, "token_ids": None,
+                    "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
+                                "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
+                })  # fmt: skip
+            response = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1767225600,
+                        "model": body["model"], "choices": choices, "service_tier": None,
+                        "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
+                        "prompt_token_ids": None, "kv_transfer_params": None}  # fmt: skip
         else:
-            choices = [
-                {"index": p * n + j, "text": f"{prompt}#{j}", "finish_reason": "stop"}
-                for p, prompt in enumerate(body["prompt"])
-                for j in range(n)
-            ]
-        random.Random(0).shuffle(choices)  # vLLM streams choices as they finish
-        data = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": choices}).encode()
+            choices = []
+            for p, prompt in enumerate(body["prompt"]):
+                for j in range(n):
+                    text, reason = finish(f"{prompt}#{j}" if j else f"{prompt}#{j} and more words")
+                    choices.append({"index": p * n + j, "text": text, "logprobs": None, "finish_reason": reason,
+                                    "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+                                    "prompt_token_ids": None})  # fmt: skip
+            response = {"id": "cmpl-1", "object": "text_completion", "created": 1767225600, "model": body["model"],
+                        "choices": choices, "service_tier": None, "system_fingerprint": None, "usage": usage,
+                        "kv_transfer_params": None}  # fmt: skip
+        random.Random(0).shuffle(response["choices"])  # vLLM streams choices as they finish
+        data = json.dumps(response).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -123,13 +154,13 @@ def endpoint() -> Iterator[str]:
 
 def test_generate_openai_completions_and_chat(endpoint: str) -> None:
     groups = generate_openai(endpoint, "qwen", ["p0", "p1", "p2"], 4, api_key="k", temperature=0.7, max_tokens=8)
-    assert groups == [[f"p{p}#{j}" for j in range(4)] for p in range(3)]
+    assert groups == [[f"p{p}#{j}" + (" and more words" if j == 0 else "") for j in range(4)] for p in range(3)]
     sent = OpenAIHandler.requests[0]
     assert sent["path"] == "/v1/completions" and sent["auth"] == "Bearer k"
     assert (sent["model"], sent["prompt"], sent["n"], sent["temperature"], sent["max_tokens"]) == (
         "qwen", ["p0", "p1", "p2"], 4, 0.7, 8,
     )  # fmt: skip
-    chats = generate_openai(endpoint, "qwen", [[{"role": "user", "content": "x"}]], 2, chat=True)
+    chats = generate_openai(endpoint, "qwen", [[{"role": "user", "content": "x"}]], 2, chat=True, max_tokens=8)
     assert chats == [["x#0", "x#1"]] and OpenAIHandler.requests[1]["path"] == "/v1/chat/completions"
 
 
@@ -150,9 +181,55 @@ def test_rollout_and_report_against_a_real_server(client: bots_client.Client, ex
     got = counts(client, exp_name)
     assert {k: got[k] for k in batch.keys} == {k: expected[k] for k in batch.keys}
     # The endpoint path end to end (the fake server echoes, so every sample fails).
-    r = rollout({"t0": "2*2="}, 2, verifier, endpoint=endpoint, model="m")
+    r = rollout({"t0": "2*2="}, 2, verifier, endpoint=endpoint, model="m", max_tokens=64)
     assert r.outcomes == {"t0": (0.0, 2)}
     with pytest.raises(TypeError, match="exactly one"):
         rollout({"t0": "x"}, 2, verifier)
     with pytest.raises(KeyError, match="no prompt"):
         rollout_and_report(client, exp_name, batch, {}, 2, verifier, generate=generate)
+
+
+def test_max_tokens_is_required_and_truncation_is_logged(
+    endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # vLLM's default of 16 tokens would cut every rollout: no default here.
+    for call in (
+        lambda: generate_openai(endpoint, "m", ["p"], 2),
+        lambda: rollout({"t0": "p"}, 2, verifier, endpoint=endpoint, model="m"),
+        lambda: generate_llm(FakeLLM(), ["p"], 2),
+    ):
+        with pytest.raises(TypeError, match="max_tokens"):
+            call()
+    assert OpenAIHandler.requests == []  # refused before any request
+    caplog.set_level(logging.WARNING, "bots_client.integrations.vllm")
+    groups = generate_openai(endpoint, "m", ["a b c"], 3, max_tokens=2)  # sample 0 runs long
+    assert groups == [["a b", "a b", "a b"]]
+    assert "3 of 3 completions stopped at max_tokens = 2" in caplog.text
+
+
+def test_the_official_openai_client_against_vllms_response_schema(
+    client: bots_client.Client, exp_name: str, endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    openai = need("openai")
+    api = openai.OpenAI(base_url=endpoint, api_key="secret", max_retries=0)
+    groups = generate_openai(None, "qwen", ["p0", "p1"], 3, openai_client=api, max_tokens=3, temperature=1.0)
+    assert groups == [[f"p{p}#0 and more", f"p{p}#1", f"p{p}#2"] for p in range(2)]
+    sent = OpenAIHandler.requests[-1]
+    assert sent["path"] == "/v1/completions" and sent["auth"] == "Bearer secret"
+    assert (sent["prompt"], sent["n"], sent["max_tokens"]) == (["p0", "p1"], 3, 3)
+    assert "2 of 6 completions stopped at max_tokens = 3" in caplog.text
+    chats = generate_openai(None, "qwen", [[{"role": "user", "content": "x"}]], 2, chat=True, openai_client=api,
+                            max_tokens=8, extra_body={"top_k": 20})  # fmt: skip
+    assert chats == [["x#0", "x#1"]]
+    assert OpenAIHandler.requests[-1]["path"] == "/v1/chat/completions" and OpenAIHandler.requests[-1]["top_k"] == 20
+
+    # Through rollout_and_report, against a real BOTS server.
+    client.create_experiment(exp_name, EXACT)
+    client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
+    batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
+    prompts = {"t0": "4", "t1": "9", "t2": "16"}  # the echoing server "answers" "<prompt>#<sample>"
+    rollouts, result = rollout_and_report(
+        client, exp_name, batch, prompts, 2, lambda k, p, c: c.startswith(ANSWERS[k]), openai_client=api, model="qwen",
+        max_tokens=1,
+    )  # fmt: skip
+    assert result.step == 1 and rollouts.outcomes == dict.fromkeys(batch.keys, (2.0, 2))

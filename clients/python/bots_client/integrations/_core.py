@@ -37,6 +37,55 @@ MAX_OPEN_BATCHES = 64
 
 
 @dataclass(frozen=True)
+class CurriculumSignals:
+    """What the service saw in one reported batch, for the trainer's logger.
+
+    `success_rate` is the batch's successes over its trials, `informative`
+    the fraction of its tasks whose rollouts disagreed (0 < successes <
+    trials: the ones a group-relative advantage learns from), `capability`
+    the service's capability estimate once it has one, and `posterior_mean`
+    the mean of the batch's tasks' posterior means after the report (only
+    when the Curriculum was asked for it: it costs a snapshot per report).
+    """
+
+    step: int
+    batch_number: int
+    tasks: int
+    success_rate: float
+    informative: float
+    capability: float | None = None
+    posterior_mean: float | None = None
+
+    def as_dict(self, prefix: str = "curriculum/") -> dict[str, float]:
+        """Scalars to log (None values left out), named `prefix + field`."""
+        values = {
+            "server_step": float(self.step),
+            "batch_success_rate": self.success_rate,
+            "informative_fraction": self.informative,
+            "capability": self.capability,
+            "posterior_mean": self.posterior_mean,
+        }
+        return {prefix + k: float(v) for k, v in values.items() if v is not None}
+
+
+def batch_signals(
+    number: int, result: ReportResult, outcomes: Mapping[str, tuple[float, int]], posterior_mean: float | None = None
+) -> CurriculumSignals:
+    successes = sum(float(s) for s, _ in outcomes.values())
+    trials = sum(int(n) for _, n in outcomes.values())
+    informative = sum(1 for s, n in outcomes.values() if 0.0 < float(s) < float(n))
+    return CurriculumSignals(
+        step=result.step,
+        batch_number=number,
+        tasks=len(outcomes),
+        success_rate=successes / trials if trials else 0.0,
+        informative=informative / len(outcomes) if outcomes else 0.0,
+        capability=result.capability,
+        posterior_mean=posterior_mean,
+    )
+
+
+@dataclass(frozen=True)
 class SelectedBatch:
     """One batch drawn from the service, in dataset terms.
 
@@ -138,6 +187,9 @@ class Curriculum:
         report_rank: the one rank that sets the experiment up and reports.
         setup_timeout: how long non-reporting ranks wait for the reporting
             rank to create the experiment and add the tasks.
+        posterior_means: include the batch's mean posterior mean in the
+            signals passed to listeners (one snapshot of the experiment per
+            report: leave it off for large pools).
     """
 
     def __init__(
@@ -155,6 +207,7 @@ class Curriculum:
         world_size: int | None = None,
         report_rank: int = 0,
         setup_timeout: float = 300.0,
+        posterior_means: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -196,6 +249,14 @@ class Curriculum:
         self._key_batch: dict[str, str] = {}
         self._ready = False
         self.next_number = 0
+        # The server step of the last report acknowledged to this process (the
+        # reporting rank's own, broadcast to the others by collective adapters):
+        # a checkpoint stores it, so a resume can tell which batches drawn
+        # before the checkpoint the server never received.
+        self.acknowledged_step: int | None = None
+        self.posterior_means = posterior_means
+        self.listeners: list[Callable[[CurriculumSignals], None]] = []
+        self.last_signals: CurriculumSignals | None = None
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -217,6 +278,7 @@ class Curriculum:
         state = self.__dict__.copy()
         state["_client"] = None
         state["_lock"] = None
+        state["listeners"] = []  # loggers live in the process that made them
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -393,7 +455,82 @@ class Curriculum:
                     "batch %s (%s) was already reported; keeping the first report", batch.number, batch.batch_id
                 )
         self.close(batch)
+        if result is not None:
+            self.acknowledge(result.step)
+            if not result.duplicate:
+                self._signal(batch, result, outcomes)
         return result
+
+    def acknowledge(self, step: int) -> None:
+        """Record that the server acknowledged a report at `step` (collective
+        adapters call it on the ranks that did not report)."""
+        with self._lock:
+            self.acknowledged_step = max(step, self.acknowledged_step or 0)
+
+    def add_listener(self, listener: Callable[[CurriculumSignals], None]) -> None:
+        """Call `listener(signals)` after every report this process makes (the
+        reporting rank's; a logger on that rank sees every batch)."""
+        self.listeners.append(listener)
+
+    def _signal(self, batch: SelectedBatch, result: ReportResult, outcomes: Mapping[str, tuple[float, int]]) -> None:
+        if not self.listeners and not self.posterior_means:
+            self.last_signals = batch_signals(batch.number, result, outcomes)
+            return
+        mean = None
+        if self.posterior_means:
+            snap = self.client.snapshot(self.experiment)
+            position = {k: i for i, k in enumerate(snap.keys)}
+            rows = [position[k] for k in batch.keys if k in position]
+            if rows:
+                a, b = snap.alpha[rows], snap.beta[rows]
+                mean = float((a / (a + b)).mean())
+        signals = batch_signals(batch.number, result, outcomes, mean)
+        self.last_signals = signals
+        for listener in self.listeners:
+            try:
+                listener(signals)
+            except Exception:  # a logger must never stop training
+                log.exception("curriculum listener %r failed", listener)
+
+    # -- resume -----------------------------------------------------------------------
+
+    def resume_state(self, next_number: int) -> dict[str, Any]:
+        """What a checkpoint taken now needs to resume exactly once: the
+        batches drawn before `next_number` that are not reported yet, and the
+        server step of the last acknowledged report."""
+        with self._lock:
+            pending = sorted(b.number for b in self._open.values() if b.number < next_number)
+            return {"pending": pending, "acknowledged_step": self.acknowledged_step}
+
+    def resume_number(self, state: Mapping[str, Any], next_number: int) -> int:
+        """The batch number to go on with after loading a checkpoint.
+
+        Batches drawn but not reported when the checkpoint was taken (verl
+        saves its checkpoint before it calls `update()`; a prefetching loader
+        draws ahead) are drawn again if the server never received their
+        report: it acknowledged fewer reports since the checkpoint than there
+        were such batches. The same request keys give back the same tasks, so
+        each batch is reported exactly once and the server's step follows an
+        uninterrupted run's. Batches reported after the checkpoint (a crash
+        after the report) are not drawn again.
+        """
+        pending = sorted(int(n) for n in state.get("pending") or [] if int(n) < next_number)
+        acknowledged = state.get("acknowledged_step")
+        with self._lock:
+            self.acknowledged_step = None if acknowledged is None else int(acknowledged)
+        if not pending or acknowledged is None:
+            return next_number
+        reported_since = self.client.get_experiment(self.experiment).step - int(acknowledged)
+        if reported_since >= len(pending):
+            return next_number
+        first = pending[max(reported_since, 0)]
+        log.warning(
+            "batch %d was drawn before the checkpoint but the server never got its report; "
+            "drawing it again (request key %r: the same tasks) so it is reported once",
+            first,
+            self.request_key(first),
+        )
+        return first
 
     def close(self, batch: SelectedBatch | str) -> None:
         """Forget an open batch without reporting it (its lease expires on the server)."""

@@ -24,13 +24,15 @@ torch is imported when `BotsSampler` / `BotsBatchSampler` is first accessed.
 
 from __future__ import annotations
 
+import logging
 import numbers
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
     Curriculum,
+    CurriculumSignals,
     SelectedBatch,
     aggregate_outcomes,
     lazy_class,
@@ -42,14 +44,59 @@ from bots_client.types import ExperimentConfig, ReportResult
 if TYPE_CHECKING:
     from bots_client.client import Client
 
-__all__ = ["BotsBatchSampler", "BotsSampler", "all_gather_outcomes"]
+__all__ = [
+    "BotsBatchSampler",
+    "BotsSampler",
+    "all_gather_outcomes",
+    "broadcast_acknowledgement",
+    "tensorboard_listener",
+]
+
+log = logging.getLogger("bots_client.integrations.torch")
+
+
+def _process_group() -> Any:
+    """torch.distributed if a process group of more than one rank is up."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return dist
+
+
+def broadcast_acknowledgement(curriculum: Curriculum, results: Sequence[ReportResult]) -> list[ReportResult]:
+    """Wait, on every rank, until the reporting rank's report is acknowledged
+    (a collective): the reporting rank broadcasts the server's answers, the
+    others record the acknowledged step. So no rank selects the next batch
+    before the server applied this one, and every rank's checkpoint knows
+    the acknowledged step. Without a process group: `results` unchanged."""
+    dist = _process_group()
+    if dist is None:
+        return list(results)
+    box: list[Any] = [list(results) if curriculum.is_reporter else None]
+    dist.broadcast_object_list(box, src=curriculum.report_rank)
+    acknowledged = box[0] or []
+    for result in acknowledged:
+        curriculum.acknowledge(result.step)
+    return list(results) if curriculum.is_reporter else []
+
+
+def tensorboard_listener(writer: Any, prefix: str = "curriculum/") -> Callable[[CurriculumSignals], None]:
+    """A listener (`BotsSampler(on_report=...)`) writing each report's
+    curriculum signals to a TensorBoard `SummaryWriter` at the server step,
+    so they sit beside the loss: `on_report=tensorboard_listener(writer)`."""
+
+    def write(signals: CurriculumSignals) -> None:
+        for name, value in signals.as_dict(prefix).items():
+            writer.add_scalar(name, value, signals.step)
+
+    return write
 
 
 def all_gather_outcomes(outcomes: Mapping[str, tuple[float, int]]) -> dict[str, tuple[float, int]]:
     """Merge per-rank outcomes over torch.distributed (a collective: every
     rank must call it). Without an initialised process group: a copy."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+    dist = _process_group()
+    if dist is None:
         return {k: (float(s), int(n)) for k, (s, n) in outcomes.items()}
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, dict(outcomes))
@@ -76,6 +123,9 @@ class _SamplerBase:
         world_size: int | None = None,
         report_rank: int = 0,
         curriculum: Curriculum | None = None,
+        wait_for_report: bool = True,
+        on_report: Callable[[CurriculumSignals], None] | None = None,
+        posterior_means: bool = False,
     ) -> None:
         if curriculum is None:
             if client is None or experiment is None or keys is None or batch_size is None:
@@ -91,6 +141,7 @@ class _SamplerBase:
                 rank=rank,
                 world_size=world_size,
                 report_rank=report_rank,
+                posterior_means=posterior_means,
             )
         self.curriculum = curriculum
         world = curriculum.world_size
@@ -100,6 +151,9 @@ class _SamplerBase:
         self.local_batch_size = curriculum.batch_size // world if self.shard else curriculum.batch_size
         self.num_batches = int(num_batches) if num_batches else max(1, len(curriculum.keys) // curriculum.batch_size)
         self.gather = gather
+        self.wait_for_report = wait_for_report
+        if on_report is not None:
+            curriculum.add_listener(on_report)
         self.step = 0  # the next batch number to draw
         self.offset = 0  # indices of batch `step` this rank already yielded
         self.last_batch: SelectedBatch | None = None
@@ -131,7 +185,17 @@ class _SamplerBase:
             yield batch, self.local_indices(batch)
 
     def set_epoch(self, epoch: int) -> None:
-        """DistributedSampler compatibility; batches follow the service, not epochs."""
+        """Go on at epoch `epoch`'s first batch unless already there or past it.
+
+        A sampler that resumed from `load_state_dict` is already in place; a
+        fresh one in a trainer that resumes by epoch number and then skips
+        the batches it trained (transformers' Trainer, or a loop calling
+        `set_epoch` like for DistributedSampler) starts at batch
+        `epoch * num_batches`, so the skipped batches have the request keys of
+        the first run and are not drawn anew."""
+        first = int(epoch) * self.num_batches
+        if self.step < first:
+            self.step, self.offset = first, 0
 
     # -- reporting --------------------------------------------------------------------
 
@@ -144,9 +208,13 @@ class _SamplerBase:
         every rank passes its own tasks' outcomes, they are merged, and only
         the reporting rank calls the server. Returns the server's answers on
         the reporting rank, [] elsewhere."""
-        if self.gather if gather is None else gather:
+        collective = self.gather if gather is None else gather
+        if collective:
             outcomes = all_gather_outcomes(outcomes)
-        return self.curriculum.report(outcomes, strict=strict)
+        results = self.curriculum.report(outcomes, strict=strict)
+        if collective and self.wait_for_report:
+            results = broadcast_acknowledgement(self.curriculum, results)
+        return results
 
     def report_rewards(
         self,
@@ -171,6 +239,8 @@ class _SamplerBase:
             "offset": self.offset,
             "batch_size": self.curriculum.batch_size,
             "request_prefix": self.curriculum.request_prefix,
+            "world_size": self.curriculum.world_size,
+            **self.curriculum.resume_state(self.step),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -184,8 +254,22 @@ class _SamplerBase:
             )
         if state.get("request_prefix", self.curriculum.request_prefix) != self.curriculum.request_prefix:
             raise ValueError("checkpoint used another request_prefix")
-        self.step = int(state["step"])
-        self.offset = int(state.get("offset", 0))
+        step, offset = int(state["step"]), int(state.get("offset", 0))
+        resumed = self.curriculum.resume_number(state, step)
+        if resumed != step:
+            offset = 0  # an earlier batch again, from its start
+        elif offset and int(state.get("world_size", self.curriculum.world_size)) != self.curriculum.world_size:
+            # The position inside a batch is within one rank's share; another
+            # world size shares the batch out differently. The batch is not
+            # reported yet (its rows were still being drawn): start it over.
+            log.warning(
+                "checkpoint taken inside batch %d with world size %s; resuming with %d ranks from the batch's start",
+                step,
+                state["world_size"],
+                self.curriculum.world_size,
+            )
+            offset = 0
+        self.step, self.offset = resumed, offset
         self.curriculum.next_number = max(self.curriculum.next_number, self.step)
 
 

@@ -176,7 +176,15 @@ class BotsSelector:
     update = feedback  # the name in the issue and in older Trinity releases
 
     def state_dict(self) -> dict[str, Any]:
-        return {"current_index": self.current_index, "experiment": self.curriculum.experiment, "step": self.step}
+        """What the explorer checkpoints: the position, and the batches drawn
+        whose feedback had not arrived yet (the explorer runs ahead of its
+        feedback), with the server step of the last acknowledged report."""
+        return {
+            "current_index": self.current_index,
+            "experiment": self.curriculum.experiment,
+            "step": self.step,
+            **self.curriculum.resume_state(self.step),
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         experiment = state_dict.get("experiment", self.curriculum.experiment)
@@ -185,5 +193,8 @@ class BotsSelector:
                 f"checkpoint is of experiment {experiment!r}, this selector uses {self.curriculum.experiment!r}"
             )
         self.current_index = int(state_dict.get("current_index", 0))
-        self.step = int(state_dict.get("step", 0))
+        step = int(state_dict.get("step", 0))
+        # A batch drawn before the checkpoint whose feedback never reached the
+        # server is drawn again (same request key, same tasks): reported once.
+        self.step = self.curriculum.resume_number(state_dict, step)
         self.curriculum.next_number = max(self.curriculum.next_number, self.step)

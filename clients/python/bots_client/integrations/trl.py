@@ -41,7 +41,13 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class, torch_sampler
+from bots_client.integrations._core import (
+    Curriculum,
+    CurriculumSignals,
+    aggregate_outcomes,
+    lazy_class,
+    torch_sampler,
+)
 from bots_client.integrations.torch import all_gather_outcomes
 from bots_client.types import ExperimentConfig, ReportResult
 
@@ -86,6 +92,16 @@ class _RepeatSampler:
     def __len__(self) -> int:
         return self.num_batches * self.batch_size * self.mini_repeat_count * self.repeat_count
 
+    def set_epoch(self, epoch: int) -> None:
+        """Go on at epoch `epoch`'s first generation batch unless past it.
+
+        transformers' Trainer resumes a checkpoint by epoch: in a new process
+        it calls `set_epoch(epochs_trained)` on a fresh sampler (through
+        accelerate's dataloader) and then skips the batches already trained.
+        Without this the skipped batches would be drawn with epoch 0's
+        request keys, and epoch 2's batches would be drawn again."""
+        self.step = max(self.step, int(epoch) * self.num_batches)
+
     def state_dict(self) -> dict[str, Any]:
         return {"experiment": self.curriculum.experiment, "step": self.step}
 
@@ -112,6 +128,9 @@ class BotsGRPO:
             this (None: rewards in [0, 1] count fractionally).
         num_batches: generation batches per epoch (default: dataset size //
             prompts per generation batch, as TRL's RepeatSampler).
+        log_signals: add the curriculum's signals of the batches reported
+            since the last log (their mean) to the trainer's training logs,
+            named "curriculum/...": they reach every `report_to` backend.
     """
 
     def __init__(
@@ -129,6 +148,7 @@ class BotsGRPO:
         success_threshold: float | None = 0.5,
         num_batches: int | None = None,
         request_prefix: str = "step",
+        log_signals: bool = True,
     ) -> None:
         if keys is None:
             if dataset is None:
@@ -156,6 +176,9 @@ class BotsGRPO:
         self.trainer: Any = None
         self.sampler: _RepeatSampler | None = None
         self.reports: list[ReportResult] = []
+        self.log_signals = log_signals
+        self._signals: list[CurriculumSignals] = []
+        self.curriculum.add_listener(self._signals.append)
 
     # -- the trainer ------------------------------------------------------------------
 
@@ -205,8 +228,26 @@ class BotsGRPO:
             def _get_train_sampler(self, dataset: Any = None) -> Any:
                 return bots.make_sampler(self, self.train_dataset if dataset is None else dataset)
 
+            def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+                # The curriculum's signals join the trainer's own log line, so
+                # every `report_to` backend (TensorBoard, W&B, ...) gets them
+                # beside the loss, at the same global step.
+                if bots.log_signals and "loss" in logs:
+                    logs = {**logs, **bots.pop_signals()}
+                super().log(logs, *args, **kwargs)
+
         BotsGRPOTrainer.__qualname__ = BotsGRPOTrainer.__name__ = f"Bots{base.__name__}"
         return BotsGRPOTrainer
+
+    def pop_signals(self) -> dict[str, float]:
+        """The mean of each curriculum signal over the batches reported since
+        the last call (empty when none was)."""
+        signals, self._signals[:] = list(self._signals), []
+        sums: dict[str, list[float]] = {}
+        for s in signals:
+            for name, value in s.as_dict().items():
+                sums.setdefault(name, []).append(value)
+        return {name: sum(values) / len(values) for name, values in sums.items()}
 
     # -- rewards ----------------------------------------------------------------------
 

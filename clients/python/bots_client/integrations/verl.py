@@ -36,10 +36,17 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bots_client.integrations._core import Curriculum, aggregate_outcomes, lazy_class, torch_sampler
+from bots_client.integrations._core import (
+    Curriculum,
+    CurriculumSignals,
+    aggregate_outcomes,
+    lazy_class,
+    torch_sampler,
+)
 from bots_client.integrations.torch import _BotsSampler
 from bots_client.types import ExperimentConfig, ReportResult
 
@@ -63,6 +70,12 @@ def _dig(value: Any, parts: Sequence[str]) -> Any:
             return None
         value = value.get(part) if hasattr(value, "get") else value[part]
     return value
+
+
+def dataset_keys(data_source: Any, key_field: Any) -> list[str | None]:
+    """The task key of every dataset row (None where a field is missing)."""
+    columns = [dataset_field(data_source, f) for f in key_fields(key_field)]
+    return [join_key(values) for values in zip(*columns)]
 
 
 def dataset_field(data_source: Any, path: str) -> list[Any]:
@@ -94,17 +107,69 @@ def dataset_field(data_source: Any, path: str) -> list[Any]:
     return values
 
 
-def batch_keys(batch: Any, key_field: str = "index") -> list[str]:
-    """The task key of every row of a verl `DataProto`."""
-    parts = key_field.split(".")
-    non_tensor = batch.non_tensor_batch
-    if parts[0] in non_tensor:
-        column, rest = non_tensor[parts[0]], parts[1:]
-    elif "extra_info" in non_tensor:
-        column, rest = non_tensor["extra_info"], parts
+# The dataset-row fields verl 0.7 still has in `update()`'s batch under its
+# default agent loop: RayPPOTrainer._get_gen_batch pops every other
+# non-tensor column (`index` too) into the generation batch, and the agent
+# loop's output does not bring them back.
+SURVIVING_FIELDS = ("data_source", "reward_model", "extra_info")
+
+
+def key_fields(key_field: Any) -> list[str]:
+    """`key_field` as a list of field paths: one ("index", "extra_info.uid")
+    or several (["data_source", "index"]: the key joins their values with
+    ":", e.g. "openai/gsm8k:12", unique across several data files)."""
+    if isinstance(key_field, str):
+        fields = [key_field]
     else:
-        raise KeyError(f"batch has no non-tensor field {parts[0]!r} (has {sorted(non_tensor)})")
-    return [str(_dig(v, rest)) for v in column]
+        fields = [str(f) for f in key_field]
+    if not fields or not all(fields):
+        raise ValueError(f"key_field must name at least one field, got {key_field!r}")
+    return fields
+
+
+def join_key(values: Sequence[Any]) -> str | None:
+    """The task key of one row from its key fields' values (None if any is missing)."""
+    if any(v is None for v in values):
+        return None
+    return ":".join(str(v) for v in values)
+
+
+def _batch_field(non_tensor: Mapping[str, Any], path: str, rows: int) -> list[Any]:
+    """`path` of every row: a top-level non-tensor column, else inside
+    `extra_info` (where verl's data scripts keep `index`); None where absent."""
+    parts = path.split(".")
+    if parts[0] in non_tensor:
+        return [_dig(v, parts[1:]) for v in non_tensor[parts[0]]]
+    if "extra_info" in non_tensor:
+        return [_dig(v, parts) if isinstance(v, Mapping) else None for v in non_tensor["extra_info"]]
+    return [None] * rows
+
+
+def batch_keys(batch: Any, key_field: Any = "index") -> list[str]:
+    """The task key of every row of a verl `DataProto`.
+
+    Raises if any row has none: a key the sampler cannot find would leave
+    its batch unreported (and its tasks leased) without a trace."""
+    non_tensor = batch.non_tensor_batch
+    fields = key_fields(key_field)
+    rows = _row_count(batch)
+    columns = [_batch_field(non_tensor, f, rows) for f in fields]
+    keys = [join_key(values) for values in zip(*columns)] if columns else []
+    missing = sum(1 for k in keys if k is None)
+    if missing:
+        raise KeyError(
+            f"{missing} of {len(keys)} rollout rows have no task key {fields} (the batch's non-tensor fields: "
+            f"{sorted(non_tensor)}). verl 0.7's agent loop keeps only {list(SURVIVING_FIELDS)} of a dataset row "
+            "until update(): keep the key inside extra_info (key_field: extra_info.<name>) or use "
+            "data_source and extra_info.index"
+        )
+    return [str(k) for k in keys]
+
+
+def _row_count(batch: Any) -> int:
+    for column in batch.non_tensor_batch.values():
+        return len(column)
+    return len(batch.batch["token_level_scores"]) if batch.batch is not None else 0
 
 
 def batch_rewards(batch: Any, reward_key: str = "token_level_scores") -> list[float]:
@@ -126,7 +191,7 @@ def batch_rewards(batch: Any, reward_key: str = "token_level_scores") -> list[fl
 def outcomes_from_batch(
     batch: Any,
     *,
-    key_field: str = "index",
+    key_field: Any = "index",
     reward_key: str = "token_level_scores",
     success_threshold: float | None = 0.5,
 ) -> dict[str, tuple[float, int]]:
@@ -169,13 +234,21 @@ class _CurriculumSampler(_BotsSampler):
         )
         if not batch_size:
             raise ValueError("set data.train_batch_size (or data.sampler.batch_size)")
-        self.key_field = str(options.get("key_field", "index"))
+        self.key_field = key_fields(options.get("key_field", "index"))
         self.reward_key = str(options.get("reward_key", "token_level_scores"))
         threshold = options.get("success_threshold", 0.5)
         self.success_threshold = None if threshold is None else float(threshold)
-        keys = dataset_field(data_source, self.key_field)
-        if any(k is None for k in keys):
-            raise ValueError(f"some dataset rows have no {self.key_field!r}; every row needs a task key")
+        keys = dataset_keys(data_source, self.key_field)
+        missing = sum(1 for k in keys if k is None)
+        if missing:
+            raise ValueError(f"{missing} dataset rows have no {self.key_field}; every row needs a task key")
+        _warn_dropped_columns(data_source, self.key_field)
+        if len(set(keys)) < len(keys) and len(self.key_field) == 1:
+            raise ValueError(
+                f"task keys from {self.key_field[0]!r} repeat ({len(keys) - len(set(keys))} duplicates): "
+                "several data files each numbering extra_info.index from 0? Key the rows by data source and "
+                "index: data.sampler.key_field=[data_source,index] (or a unique extra_info field)"
+            )
         feature_fields: Mapping[str, str] = options.get("feature_fields") or {}
         features = None
         if feature_fields:
@@ -188,7 +261,7 @@ class _CurriculumSampler(_BotsSampler):
         curriculum = Curriculum(
             address,
             str(experiment),
-            keys,
+            [str(k) for k in keys],
             batch_size=int(batch_size),
             config=config,
             features=features,
@@ -199,6 +272,10 @@ class _CurriculumSampler(_BotsSampler):
         )
         super().__init__(curriculum=curriculum, num_batches=options.get("batches_per_epoch"))
         self.data_source = data_source
+        self._reported_early: set[str] = set()
+        self.tracking = _Tracking(options.get("tracking") or [], options.get("tensorboard_dir"))
+        if self.tracking.backends:
+            curriculum.add_listener(self.tracking.log)
 
     def outcomes(self, batch: Any) -> dict[str, tuple[float, int]]:
         return outcomes_from_batch(
@@ -210,20 +287,96 @@ class _CurriculumSampler(_BotsSampler):
         Accepts a `DataProto` or, like the torch sampler, a key -> (s, n) map."""
         if isinstance(batch, Mapping):
             return super().report(batch, *args, **kwargs)
-        return self._report_open(self.outcomes(batch))
+        outcomes = self.outcomes(batch)
+        results = self._report_open(outcomes, early=True)
+        self._reported_early.update(outcomes)
+        return results
 
     def update(self, batch: Any) -> None:
         """verl's hook after each training step: report the tasks of `batch`
         whose batch was not reported yet."""
-        self._report_open(self.outcomes(batch))
+        self._report_open(self.outcomes(batch), early=False)
+        self._reported_early.clear()
 
-    def _report_open(self, outcomes: Mapping[str, tuple[float, int]]) -> list[ReportResult]:
-        open_outcomes = {k: v for k, v in outcomes.items() if self.curriculum.batch_of(k) is not None}
-        if len(open_outcomes) < len(outcomes):
-            log.debug("%d tasks of the batch were already reported", len(outcomes) - len(open_outcomes))
+    def _report_open(self, outcomes: Mapping[str, tuple[float, int]], *, early: bool) -> list[ReportResult]:
+        cur = self.curriculum
+        open_outcomes = {k: v for k, v in outcomes.items() if cur.batch_of(k) is not None}
+        closed = [k for k in outcomes if k not in open_outcomes]
+        if closed:
+            foreign = [k for k in closed if k not in cur.index]
+            expected = [k for k in closed if k in self._reported_early]
+            stray = len(closed) - len(foreign) - len(expected)
+            if foreign or stray:
+                # Never silent: these rollouts are not reported to anyone.
+                log.error(
+                    "%d of %d tasks of the batch were not reported: %d are not in this dataset (e.g. %s), "
+                    "%d are in no open batch (drawn in another run, or reported already; e.g. %s)",
+                    len(foreign) + stray,
+                    len(outcomes),
+                    len(foreign),
+                    foreign[:3],
+                    stray,
+                    [k for k in closed if k in cur.index and k not in self._reported_early][:3],
+                )
+            if expected:
+                log.debug("%d tasks of the batch were reported before the filter", len(expected))
         if not open_outcomes:
             return []
-        return self.curriculum.report(open_outcomes)
+        return cur.report(open_outcomes)
+
+
+class _Tracking:
+    """The curriculum signals into the backends verl's `trainer.logger` names
+    (the sampler gets only the data config, so it writes beside verl's own
+    logger rather than through it): "tensorboard" (a writer in
+    `$TENSORBOARD_DIR`, the directory verl's TensorBoard logger uses, or
+    `tensorboard_dir`), "wandb" (the run verl's logger started in this
+    process), "console". The step is the batch number + 1, verl's
+    `global_steps` of an uninterrupted run."""
+
+    def __init__(self, backends: Sequence[str], tensorboard_dir: str | None = None) -> None:
+        self.backends = [str(b) for b in backends]
+        unknown = set(self.backends) - {"tensorboard", "wandb", "console"}
+        if unknown:
+            raise ValueError(f"data.sampler.tracking: unknown backends {sorted(unknown)} (tensorboard, wandb, console)")
+        self.tensorboard_dir = tensorboard_dir
+        self._writer: Any = None
+
+    def log(self, signals: CurriculumSignals) -> None:
+        data = signals.as_dict()
+        step = signals.batch_number + 1
+        if "tensorboard" in self.backends:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                directory = os.environ.get("TENSORBOARD_DIR") or self.tensorboard_dir or "tensorboard_log/bots"
+                self._writer = SummaryWriter(directory)
+            for name, value in data.items():
+                self._writer.add_scalar(name, value, step)
+            self._writer.flush()
+        if "wandb" in self.backends:
+            wandb = sys.modules.get("wandb")
+            if wandb is not None and wandb.run is not None:
+                wandb.log(data, step=step)
+        if "console" in self.backends:
+            log.info("step %d: %s", step, " ".join(f"{k}={v:.4g}" for k, v in data.items()))
+
+
+def _warn_dropped_columns(data_source: Any, fields: Sequence[str]) -> None:
+    """Warn at start-up about a key column verl's agent loop will drop."""
+    frame = getattr(data_source, "dataframe", None)
+    columns = getattr(frame, "column_names", None)
+    if not columns:
+        return
+    for field in fields:
+        top = field.split(".")[0]
+        if top in columns and top not in SURVIVING_FIELDS and top != "index":
+            log.warning(
+                "key field %r is a top-level dataset column; verl 0.7's agent loop drops it before update() "
+                "(only %s survive), which then fails: keep the key in extra_info",
+                field,
+                list(SURVIVING_FIELDS),
+            )
 
 
 def _get(config: Any, name: str) -> Any:

@@ -17,12 +17,21 @@ of `llm=`. The grouping, scoring and reporting are plain functions (`score`,
 `group_flat`); generation is a thin layer (`generate_llm`,
 `generate_openai`), and any `generate(prompts, n) -> [[completion] * n]`
 callable can replace it. vLLM itself is imported only by `generate_llm`
-when no SamplingParams is passed; the endpoint path needs no extra package.
+when no SamplingParams is passed; the endpoint path needs no extra package
+(or pass `openai_client=openai.OpenAI(base_url=..., api_key=...)` to go through the
+official client).
+
+`max_tokens` is required on the `llm=` and `endpoint=` paths: vLLM's
+default is 16 tokens (SamplingParams and /v1/completions alike), which
+silently truncates every rollout and turns the verifier's answer into noise.
+Completions that stop at the limit (finish_reason "length") are counted and
+logged as a WARNING.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +53,8 @@ __all__ = [
     "rollout_and_report",
     "score",
 ]
+
+log = logging.getLogger("bots_client.integrations.vllm")
 
 # (task key, prompt, completion) -> reward (bool or float)
 Verifier = Callable[[str, Any, str], Any]
@@ -100,13 +111,41 @@ def score(
     return Rollouts(list(keys), list(prompts), [list(g) for g in completions], rewards, outcomes)
 
 
+def require_max_tokens(params: Mapping[str, Any]) -> None:
+    """Refuse generation parameters without a positive `max_tokens`."""
+    value = params.get("max_tokens")
+    if value is None:
+        raise TypeError(
+            "pass max_tokens=: vLLM's default is 16 tokens, which silently truncates rollouts "
+            "(use the longest answer you accept, e.g. max_tokens=1024)"
+        )
+    if int(value) <= 0:
+        raise ValueError(f"max_tokens must be positive, got {value}")
+
+
+def warn_truncated(finish_reasons: Sequence[Any], max_tokens: Any) -> int:
+    """Log how many completions stopped at max_tokens; returns the count."""
+    truncated = sum(1 for r in finish_reasons if r == "length")
+    if truncated:
+        log.warning(
+            "%d of %d completions stopped at max_tokens = %s (finish_reason 'length'): "
+            "their rewards judge cut-off answers",
+            truncated,
+            len(finish_reasons),
+            max_tokens,
+        )
+    return truncated
+
+
 def generate_llm(
     llm: Any, prompts: Sequence[Any], n: int, sampling_params: Any = None, *, chat: bool = False, **sampling: Any
 ) -> list[list[str]]:
     """n completions per prompt from a vLLM `LLM` (`llm.generate`, or
     `llm.chat` for conversations), in prompt order. Without
-    `sampling_params`, builds `vllm.SamplingParams(n=n, **sampling)`."""
+    `sampling_params`, builds `vllm.SamplingParams(n=n, **sampling)`, which
+    needs `max_tokens`."""
     if sampling_params is None:
+        require_max_tokens(sampling)
         from vllm import SamplingParams
 
         sampling_params = SamplingParams(n=n, **sampling)
@@ -116,11 +155,14 @@ def generate_llm(
     if len(outputs) != len(prompts):
         raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
     groups = []
+    reasons: list[Any] = []
     for request in outputs:
         samples = sorted(request.outputs, key=lambda o: getattr(o, "index", 0))
         if len(samples) != n:
             raise RuntimeError(f"vLLM returned {len(samples)} samples for a prompt, expected n = {n}")
         groups.append([s.text for s in samples])
+        reasons.extend(getattr(s, "finish_reason", None) for s in samples)
+    warn_truncated(reasons, getattr(sampling_params, "max_tokens", None))
     return groups
 
 
@@ -137,7 +179,7 @@ def _post(url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
 
 
 def generate_openai(
-    endpoint: str,
+    endpoint: str | None,
     model: str,
     prompts: Sequence[Any],
     n: int,
@@ -145,31 +187,49 @@ def generate_openai(
     chat: bool = False,
     api_key: str | None = None,
     timeout: float = 600.0,
+    openai_client: Any = None,
     **params: Any,
 ) -> list[list[str]]:
     """n completions per prompt from an OpenAI-compatible server (vLLM's
     `vllm serve`). Completions: one request for all prompts; vLLM numbers the
-    choices prompt_index * n + sample. Chat: one request per conversation."""
-    base = endpoint.rstrip("/")
+    choices prompt_index * n + sample. Chat: one request per conversation.
+    With `openai_client` (an `openai.OpenAI`), requests go through it (vLLM-only
+    sampling parameters then belong in `extra_body={...}`); else through
+    urllib to `endpoint`. `max_tokens` is required."""
+    require_max_tokens(params)
+    if openai_client is None and not endpoint:
+        raise TypeError("pass endpoint= or openai_client=")
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        if openai_client is not None:
+            api = openai_client.chat.completions if path == "chat/completions" else openai_client.completions
+            return api.create(**body, timeout=timeout).model_dump()
+        assert endpoint is not None
+        return _post(f"{endpoint.rstrip('/')}/{path}", body, api_key, timeout)
+
+    reasons: list[Any] = []
     if chat:
         conversations: list[list[str]] = []
         for messages in prompts:
-            body = {"model": model, "messages": messages, "n": n, **params}
             choices = sorted(
-                _post(f"{base}/chat/completions", body, api_key, timeout)["choices"], key=lambda c: c["index"]
+                post("chat/completions", {"model": model, "messages": messages, "n": n, **params})["choices"],
+                key=lambda c: c["index"],
             )
             if len(choices) != n:
                 raise RuntimeError(f"the server returned {len(choices)} choices, expected n = {n}")
-            conversations.append([c["message"]["content"] for c in choices])
+            conversations.append([c["message"]["content"] or "" for c in choices])
+            reasons.extend(c.get("finish_reason") for c in choices)
+        warn_truncated(reasons, params["max_tokens"])
         return conversations
-    body = {"model": model, "prompt": list(prompts), "n": n, **params}
-    choices = _post(f"{base}/completions", body, api_key, timeout)["choices"]
+    choices = post("completions", {"model": model, "prompt": list(prompts), "n": n, **params})["choices"]
     if len(choices) != n * len(prompts):
         raise RuntimeError(f"the server returned {len(choices)} choices for {len(prompts)} prompts x n = {n}")
     groups: list[list[str]] = [[""] * n for _ in prompts]
     for choice in choices:
         prompt_index, sample = divmod(int(choice["index"]), n)
         groups[prompt_index][sample] = choice["text"]
+        reasons.append(choice.get("finish_reason"))
+    warn_truncated(reasons, params["max_tokens"])
     return groups
 
 
@@ -182,23 +242,26 @@ def rollout(
     endpoint: str | None = None,
     model: str | None = None,
     generate: Generate | None = None,
+    openai_client: Any = None,
     sampling_params: Any = None,
     chat: bool = False,
     success_threshold: float | None = 0.5,
     **params: Any,
 ) -> Rollouts:
     """Generate n samples for every task (key -> prompt) with exactly one of
-    `llm`, `endpoint` (+ `model`) or `generate`, and score them."""
-    if sum(x is not None for x in (llm, endpoint, generate)) != 1:
-        raise TypeError("pass exactly one of llm=, endpoint= or generate=")
+    `llm`, `endpoint` (+ `model`), `openai_client` (an `openai.OpenAI`, +
+    `model`) or `generate`, and score them. `max_tokens` is required with
+    `llm` (unless `sampling_params` is given), `endpoint` and `openai_client`."""
+    if sum(x is not None for x in (llm, endpoint, generate, openai_client)) != 1:
+        raise TypeError("pass exactly one of llm=, endpoint=, openai_client= or generate=")
     keys = list(prompts)
     texts = [prompts[k] for k in keys]
     if llm is not None:
         completions = generate_llm(llm, texts, n, sampling_params, chat=chat, **params)
-    elif endpoint is not None:
+    elif endpoint is not None or openai_client is not None:
         if not model:
-            raise TypeError("endpoint= needs model=")
-        completions = generate_openai(endpoint, model, texts, n, chat=chat, **params)
+            raise TypeError("endpoint= and openai_client= need model=")
+        completions = generate_openai(endpoint, model, texts, n, chat=chat, openai_client=openai_client, **params)
     else:
         assert generate is not None
         completions = [list(g) for g in generate(texts, n)]
