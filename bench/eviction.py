@@ -42,7 +42,7 @@ from bots_client import ExperimentConfig, Task
 
 
 def scrape(port: int, metric: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=600).read().decode()
     match = re.search(rf"^{metric} (\S+)$", text, flags=re.MULTILINE)
     return float(match.group(1)) if match else float("nan")
 
