@@ -99,7 +99,25 @@ ABLATIONS = (
     Method("bots-rho0.6", "BOTS rho=0.6", implicit_weight=0.6, group="rho"),
 )
 # Opt-in engines beyond the paper (docs/choosing-a-strategy.md).
-ENGINES: tuple[Method, ...] = ()
+ENGINES: tuple[Method, ...] = (
+    Method("bots-lam0.02", "BOTS lambda=0.02", forgetting=0.02, group="engine"),
+    Method(
+        "bots-track",
+        "BOTS + tracking (lambda=0.02)",
+        forgetting=0.02,
+        group="engine",
+        settings=(("track_prediction", 1.0),),
+    ),
+    Method("bots-reliable", "BOTS + reliability rho", group="engine", settings=(("implicit_reliability", 1.0),)),
+    Method("bots-expected", "BOTS + expected-loss selection", group="engine", settings=(("selection_mode", "expected"),)),
+    Method(
+        "bots-plus",
+        "BOTS + all three (lambda=0.02)",
+        forgetting=0.02,
+        group="engine",
+        settings=(("track_prediction", 1.0), ("implicit_reliability", 1.0), ("selection_mode", "expected")),
+    ),
+)
 METHODS = {m.name: m for m in (*MAIN, *ABLATIONS, *ENGINES)}
 # The lambda and rho sweeps, each with the default value and extremes from MAIN.
 LAMBDA_SWEEP = (("bots-lam0", 0.0), ("bots-lam0.03", 0.03), ("bots", 0.1), ("bots-lam0.3", 0.3), ("bots-lam1", 1.0))
