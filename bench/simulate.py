@@ -99,23 +99,41 @@ ABLATIONS = (
     Method("bots-rho0.6", "BOTS rho=0.6", implicit_weight=0.6, group="rho"),
 )
 # Opt-in engines beyond the paper (docs/choosing-a-strategy.md).
+# Tracking is measured at half the predicted change (track 0.5) and at the
+# full change (track 1, unstable when the reference models are poor), both
+# with lambda = 0.05 and against BOTS at lambda = 0.05 alone.
+_EXPECTED = ("selection_mode", "expected")
 ENGINES: tuple[Method, ...] = (
-    Method("bots-lam0.02", "BOTS lambda=0.02", forgetting=0.02, group="engine"),
+    Method("bots-lam0.05", "BOTS lambda=0.05 (control of tracking)", forgetting=0.05, group="engine"),
     Method(
         "bots-track",
-        "BOTS + tracking (lambda=0.02)",
-        forgetting=0.02,
+        "BOTS + tracking 0.5 (lambda=0.05)",
+        forgetting=0.05,
+        group="engine",
+        settings=(("track_prediction", 0.5),),
+    ),
+    Method(
+        "bots-track1",
+        "BOTS + tracking 1 (lambda=0.05)",
+        forgetting=0.05,
         group="engine",
         settings=(("track_prediction", 1.0),),
     ),
     Method("bots-reliable", "BOTS + reliability rho", group="engine", settings=(("implicit_reliability", 1.0),)),
-    Method("bots-expected", "BOTS + expected-loss selection", group="engine", settings=(("selection_mode", "expected"),)),
+    Method("bots-expected", "BOTS + expected-loss selection", group="engine", settings=(_EXPECTED,)),
     Method(
         "bots-plus",
-        "BOTS + all three (lambda=0.02)",
-        forgetting=0.02,
+        "BOTS + expected + tracking 0.5 (lambda=0.05)",
+        forgetting=0.05,
         group="engine",
-        settings=(("track_prediction", 1.0), ("implicit_reliability", 1.0), ("selection_mode", "expected")),
+        settings=(("track_prediction", 0.5), _EXPECTED),
+    ),
+    Method(
+        "bots-all",
+        "BOTS + all three (tracking 0.5, lambda=0.05)",
+        forgetting=0.05,
+        group="engine",
+        settings=(("track_prediction", 0.5), ("implicit_reliability", 1.0), _EXPECTED),
     ),
 )
 METHODS = {m.name: m for m in (*MAIN, *ABLATIONS, *ENGINES)}
