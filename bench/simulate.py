@@ -633,10 +633,13 @@ def check_claims(
                 + ", ".join(f"{k}: {r['mean']:.2f} ± {r['std']:.2f}" for k, r in ratios.items())  # type: ignore[index]
                 + f"; mean-accuracy gain {p[0]:+.3f}, higher in {p[1]}/{p[2]} seeds",
             )
+    # Claims about the plug-in (2, 3 and the rho sweep) mean nothing in a
+    # world without reference models: every rho is the same method there.
+    plugin = sim.world.references
     # 2. Implicit-only drifts. Measured as selection regret: mean |p - 0.5| of
     # the batch minus that of the best possible batch for the same learner, so
     # that a learner further along (fewer useful tasks left) is not penalized.
-    if "bots-implicit" in methods and "bots" in methods:
+    if plugin and "bots-implicit" in methods and "bots" in methods:
         quarter = max(1, sim.steps // 4)
 
         def regret(r: dict[str, Any], part: slice) -> float:
@@ -673,7 +676,7 @@ def check_claims(
             evidence,
         )
     # 3. Explicit-only starts slowly.
-    if "bots-explicit" in methods and "bots" in methods:
+    if plugin and "bots-explicit" in methods and "bots" in methods:
         p_inf = _paired(by_method, "bots", "bots-explicit", lambda r: float(np.mean(r["informative"][:early])))
         p_acc = _paired(by_method, "bots", "bots-explicit", lambda r: r["accuracy"][early])
         if p_inf is not None and p_acc is not None:
@@ -688,7 +691,7 @@ def check_claims(
     # 4. A moderate lambda beats both extremes; the same for rho.
     for sweep, symbol in ((LAMBDA_SWEEP, "lambda"), (RHO_SWEEP, "rho")):
         present = [(name, value) for name, value in sweep if name in methods]
-        if len(present) < 3:
+        if len(present) < 3 or (symbol == "rho" and not plugin):
             continue
         scores = {name: methods[name]["mean_accuracy"]["mean"] for name, _ in present}
         low, high = present[0], present[-1]
@@ -747,13 +750,16 @@ def markdown(summary: dict[str, Any], sim: SimConfig, info: dict[str, Any], back
         ),
         f"Machine: {common.machine_line(info)}.",
         "",
-        f"| method | start acc | final acc | mean acc | informative groups | acc @ step {max(1, sim.steps // 10)} |",
-        "|---|---|---|---|---|---|",
+        (
+            f"| method | start acc | final acc | mean acc | informative groups | acc @ step {max(1, sim.steps // 10)} "
+            "| rollouts (k) |"
+        ),
+        "|---|---|---|---|---|---|---|",
     ]
     for e in methods.values():
         lines.append(
             f"| {e['label']} | {_fmt(e['start_accuracy'])} | {_fmt(e['final_accuracy'])} | {_fmt(e['mean_accuracy'])} | "
-            f"{_fmt(e['informative'], 2)} | {_fmt(e['accuracy_early'])} |"
+            f"{_fmt(e['informative'], 2)} | {_fmt(e['accuracy_early'])} | {e['rollouts_total']['mean'] / 1000:.0f} |"
         )
     keys = list(next(iter(methods.values()))["targets"].keys())
     header = "| method | " + " | ".join(f"acc {k}" for k in keys) + " |"
