@@ -531,7 +531,10 @@ def summarize(runs: list[dict[str, Any]], sim: SimConfig, methods: Sequence[Meth
             for base in ("uniform", "oracle", "bots"):
                 if base in steps_of and base != name:
                     t[f"ratio_to_{base}"] = _ratio_stats(
-                        steps_of[name][key], steps_of[base][key], entry["seeds"], summary["methods"][base]["seeds"],
+                        steps_of[name][key],
+                        steps_of[base][key],
+                        entry["seeds"],
+                        summary["methods"][base]["seeds"],
                         sim.steps,
                     )
     for method in methods:
@@ -563,7 +566,11 @@ def summarize(runs: list[dict[str, Any]], sim: SimConfig, methods: Sequence[Meth
 
 
 def _ratio_stats(
-    steps: Sequence[int | None], base: Sequence[int | None], seeds: Sequence[int], base_seeds: Sequence[int], budget: int
+    steps: Sequence[int | None],
+    base: Sequence[int | None],
+    seeds: Sequence[int],
+    base_seeds: Sequence[int],
+    budget: int,
 ) -> dict[str, Any]:
     """Per-seed steps / baseline steps over the seeds both ran, a miss counted
     at the budget; how many of those ratios are bounds (a miss on either side)."""
@@ -852,7 +859,9 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], sim: SimConfig, ou
             ax.axhline(t, color="grey", lw=0.5, ls=":")
     title = f"world {sim.world_name}: "
     axes[0].set(
-        xlabel="training step", ylabel="held-out accuracy gain over the start", title=title + "gain vs steps (mean ± std)"
+        xlabel="training step",
+        ylabel="held-out accuracy gain over the start",
+        title=title + "gain vs steps (mean ± std)",
     )
     axes[1].set(xlabel="rollouts (thousands)", ylabel="held-out accuracy gain", title=title + "gain vs rollouts")
     axes[1].set_xlim(0, sim.steps * sim.batch_size * sim.rollouts / 1000 * 1.05)
@@ -931,7 +940,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, 150 steps, 1500 tasks, no ablations")
     parser.add_argument(
-        "--worlds", default=",".join(WORLDS), help=f"comma-separated worlds of bench/simmodel.py (default {','.join(WORLDS)})"
+        "--worlds",
+        default=",".join(WORLDS),
+        help=f"comma-separated worlds of bench/simmodel.py (default {','.join(WORLDS)})",
     )
     parser.add_argument(
         "--ablation-worlds", default="good", help="worlds where the lambda and rho sweeps run (default good)"
@@ -1018,7 +1029,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         earlier = json.loads(Path(args.from_json).read_text())
         sims = {name: _sim_from_dict(d) for name, d in earlier["sims"].items()}
-        return _finish(earlier["runs"], sims, earlier["machine"], earlier["backend"], earlier["seconds"], out, args.no_plots)
+        return _finish(
+            earlier["runs"], sims, earlier["machine"], earlier["backend"], earlier["seconds"], out, args.no_plots
+        )
     jobs = []
     for name, sim in sims.items():
         world_methods = methods + (list(ABLATIONS) if name in ablation_worlds else [])
