@@ -22,15 +22,26 @@ update is averaged over the B groups, so groups without signal dilute it:
 
     theta[k] += lr / B * sum_{i in batch} a_i r_i (1 - r_i) * ((1 - tau) [k_i = k] + tau / K)
 
+Training on a task also memorises it: the learner's logit on that very task
+grows by `memorisation * a_i * r_i (1 - r_i)` per visit. Memorisation helps
+the training pool only, never held-out accuracy, and no reference model knows
+about it, so it is a per-task departure from any prediction made from them.
+
 Held-out accuracy is the learner's expected pass rate on held-out tasks from
-the same distribution. Two reference models (a weaker and a stronger one,
-with their own uneven skill profiles) have their pass rates measured on the
-training pool with `reference_samples` attempts each: the noisy features the
-interpolation plug-in uses.
+the same distribution. Two reference models (a weaker and a stronger one)
+have abilities of their own: a level `weak_gap` below / `strong_gap` above
+the learner's mean level, and a per-skill profile drawn independently of the
+learner's (sd `reference_skill_sd`), plus their own per-task affinities (sd
+`reference_idiosyncrasy_sd`). Their pass rates are measured on the training
+pool with `reference_samples` attempts each: the noisy features the
+interpolation plug-in uses. `WORLDS` names three settings: good reference
+models, poor ones, and none at all (`references=False`: no features).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,13 +57,34 @@ class WorldConfig:
     discrimination_median: float = 1.5  # log-normal
     discrimination_log_sd: float = 0.3
     skill_sd: float = 0.5  # spread of the learner's initial per-skill ability (mean 0)
-    weak_gap: float = 0.5  # weak reference model: this much below the initial learner, on average
-    strong_gap: float = 3.0  # strong reference model: this much above, on average
-    reference_skill_sd: float = 0.5  # the reference models' own unevenness across skills
-    idiosyncrasy_sd: float = 0.75  # per-(model, task) logit residual e_i
+    idiosyncrasy_sd: float = 0.75  # the learner's per-task logit residual e_i
+    references: bool = True  # False: no reference models, tasks carry no features
+    weak_gap: float = 0.5  # weak reference model: its mean level this much below the learner's
+    strong_gap: float = 3.0  # strong reference model: this much above
+    reference_skill_sd: float = 0.5  # the reference models' own per-skill profile (independent of the learner's)
+    reference_idiosyncrasy_sd: float = 0.75  # the reference models' own per-task residuals
     reference_samples: int = 16  # attempts per task when measuring reference pass rates
     learning_rate: float = 0.8
     transfer: float = 0.3  # share of a task's signal that raises every skill
+    memorisation: float = 1.0  # logit gained on a trained task itself, per unit of a_i r (1 - r)
+
+
+# The worlds of the benchmark. "good": reference models that share the
+# learner's notion of difficulty, with profiles and residuals of their own;
+# "poor": reference models whose skill profiles and per-task residuals are far
+# from the learner's, measured with 4 attempts per task; "none": no reference
+# models at all (the plug-in has nothing to work with).
+WORLDS: dict[str, WorldConfig] = {
+    "good": WorldConfig(),
+    "poor": WorldConfig(reference_skill_sd=1.5, reference_idiosyncrasy_sd=2.0, reference_samples=4),
+    "none": WorldConfig(references=False),
+}
+
+
+def world_config(name: str, **overrides: object) -> WorldConfig:
+    if name not in WORLDS:
+        raise ValueError(f"unknown world {name!r}; expected one of {list(WORLDS)}")
+    return dataclasses.replace(WORLDS[name], **overrides)  # type: ignore[arg-type]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -101,15 +133,22 @@ class World:
         affinity = rng.normal(0, sd, size=config.num_tasks)
         heldout_affinity = rng.normal(0, sd, size=config.num_heldout)
         theta0 = rng.normal(0.0, config.skill_sd, size=k)
-        weak_theta = theta0 - config.weak_gap + rng.normal(0, config.reference_skill_sd, size=k)
-        strong_theta = theta0 + config.strong_gap + rng.normal(0, config.reference_skill_sd, size=k)
+        # The reference models' abilities are their own: a level relative to
+        # the learner's mean and a profile drawn independently of its profile.
+        level = float(theta0.mean())
+        weak_theta = level - config.weak_gap + rng.normal(0, config.reference_skill_sd, size=k)
+        strong_theta = level + config.strong_gap + rng.normal(0, config.reference_skill_sd, size=k)
         n_ref = config.reference_samples
 
         def measured(theta: np.ndarray) -> np.ndarray:
-            own = rng.normal(0, sd, size=config.num_tasks)  # this reference model's affinities
+            own = rng.normal(0, config.reference_idiosyncrasy_sd, size=config.num_tasks)  # its own affinities
             p = sigmoid(discrimination * (theta[skill] - difficulty) + own)
             return rng.binomial(n_ref, p) / n_ref
 
+        weak_ref, strong_ref = measured(weak_theta), measured(strong_theta)
+        if not config.references:
+            weak_ref = np.full(config.num_tasks, np.nan)
+            strong_ref = np.full(config.num_tasks, np.nan)
         return cls(
             config,
             skill,
@@ -123,19 +162,24 @@ class World:
             theta0,
             weak_theta,
             strong_theta,
-            measured(weak_theta),
-            measured(strong_theta),
+            weak_ref,
+            strong_ref,
         )
 
     @property
     def num_tasks(self) -> int:
         return int(self.skill.shape[0])
 
-    def success_prob(self, theta: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
-        """True pass rates of the training tasks (all, or `idx`) at ability theta."""
-        if idx is None:
-            return sigmoid(self.discrimination * (theta[self.skill] - self.difficulty) + self.affinity)
-        return sigmoid(self.discrimination[idx] * (theta[self.skill[idx]] - self.difficulty[idx]) + self.affinity[idx])
+    def success_prob(
+        self, theta: np.ndarray, idx: np.ndarray | None = None, memo: np.ndarray | None = None
+    ) -> np.ndarray:
+        """True pass rates of the training tasks (all, or `idx`) at ability
+        theta, with per-task memorised logits `memo` (all tasks) if given."""
+        sel = slice(None) if idx is None else idx
+        logit = self.discrimination[sel] * (theta[self.skill[sel]] - self.difficulty[sel]) + self.affinity[sel]
+        if memo is not None:
+            logit = logit + memo[sel]
+        return sigmoid(logit)
 
     def accuracy(self, theta: np.ndarray) -> float:
         """Expected held-out accuracy."""
@@ -146,11 +190,17 @@ class World:
 
 
 class Learner:
-    """The policy being trained: per-skill ability, grown by gradient signal."""
+    """The policy being trained: per-skill ability, grown by gradient signal,
+    and per-task memorisation of the training tasks it has trained on."""
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.theta = world.theta0.copy()
+        self.memo = np.zeros(world.num_tasks)
+
+    def pass_rates(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """The learner's true pass rates on training tasks (all, or `idx`)."""
+        return self.world.success_prob(self.theta, idx, self.memo)
 
     def train(self, idx: np.ndarray, successes: np.ndarray, trials: int, batch_size: int) -> float:
         """One optimizer step on the groups (idx, successes of `trials`).
@@ -164,11 +214,15 @@ class Learner:
         self.theta = self.theta + cfg.learning_rate / batch_size * (
             (1 - cfg.transfer) * per_skill + cfg.transfer * shared
         )
+        if cfg.memorisation:
+            memo = self.memo.copy()
+            np.add.at(memo, idx, cfg.memorisation * weighted)
+            self.memo = memo
         return float(signal.sum())
 
     def rollout(self, idx: np.ndarray, trials: int, rng: np.random.Generator) -> np.ndarray:
         """Successes of `trials` attempts at each task in idx."""
-        return rng.binomial(trials, self.world.success_prob(self.theta, idx))
+        return rng.binomial(trials, self.pass_rates(idx))
 
 
 def reference_correlations(world: World) -> tuple[float, float]:
@@ -177,5 +231,7 @@ def reference_correlations(world: World) -> tuple[float, float]:
     training pool. How well the interpolation plug-in can predict depends on
     it, so every world reports it (issue 15: the default world's weak model
     correlates about 0.9 with the learner, which flatters the plug-in)."""
+    if not world.config.references:
+        return math.nan, math.nan
     p0 = world.success_prob(world.theta0)
     return float(np.corrcoef(world.weak_ref, p0)[0, 1]), float(np.corrcoef(world.strong_ref, p0)[0, 1])

@@ -1,17 +1,22 @@
 """Learning-dynamics simulator: how much data each task-selection method saves.
 
 A simulated RL trainer (bench/simmodel.py: item-response tasks with skills, a
-learner grown by the p(1-p) gradient signal of the groups it trains on, noisy
-reference pass rates of a weaker and a stronger model, held-out accuracy)
-picks its batches from a real BOTS server over gRPC, or from the same engine
-in-process (`--backend local`, bit-identical numbers, no server).
+learner grown by the p(1-p) gradient signal of the groups it trains on and
+memorising the tasks it trains on, reference models with abilities of their
+own, held-out accuracy) picks its batches from a real BOTS server over gRPC,
+or from the same engine in-process (`--backend local`, bit-identical numbers,
+no server). It runs in three worlds: good reference models, poor ones, none.
 
-    .venv/bin/python -m bench.simulate              # 5 seeds, all methods and ablations (a few minutes)
-    .venv/bin/python -m bench.simulate --quick      # 2 seeds, 100 steps, main methods only
-    .venv/bin/python -m bench.simulate --backend local --seeds 10
+    .venv/bin/python -m bench.simulate              # 3 worlds x 5 seeds x 600 steps, sweeps in `good`
+    .venv/bin/python -m bench.simulate --quick      # 2 seeds, 150 steps, 1500 tasks, no sweeps
+    .venv/bin/python -m bench.simulate --backend local --seeds 10 --worlds poor
+
+Targets are held-out accuracy gains over each seed's starting accuracy; steps
+to a target are compared per seed with uniform's (and the oracle's), a miss
+counted at the step budget, over every seed.
 
 Writes bench/results/simulate.json, a markdown summary (bench/results/simulate.md)
-and PNG plots (bench/results/sim_*.png, needs matplotlib).
+and PNG plots per world (bench/results/sim_*_<world>.png, needs matplotlib).
 
 Methods: uniform random, an offline band filter on the reference pass rates,
 DAPO dynamic sampling (over-sample uniform batches, drop all-correct and
@@ -44,7 +49,7 @@ if __package__ in (None, ""):  # `python bench/simulate.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.simmodel import Learner, World, WorldConfig
+from bench.simmodel import WORLDS, Learner, World, WorldConfig, reference_correlations
 
 # -- methods --------------------------------------------------------------------------
 
@@ -57,7 +62,8 @@ class Method:
     strategy: str = "bots"
     forgetting: float = 0.1
     implicit_weight: float = 0.1
-    group: str = "main"  # main | lambda | rho
+    group: str = "main"  # main | lambda | rho | engine
+    settings: tuple[tuple[str, Any], ...] = ()  # further ExperimentConfig fields
 
     def config(self, rollouts: int, seed: int) -> Any:
         import bots_client
@@ -70,6 +76,7 @@ class Method:
             weak_feature="weak",
             strong_feature="strong",
             seed=seed,
+            **dict(self.settings),
         )
 
 
@@ -91,7 +98,45 @@ ABLATIONS = (
     Method("bots-rho0.3", "BOTS rho=0.3", implicit_weight=0.3, group="rho"),
     Method("bots-rho0.6", "BOTS rho=0.6", implicit_weight=0.6, group="rho"),
 )
-METHODS = {m.name: m for m in (*MAIN, *ABLATIONS)}
+# Opt-in engines beyond the paper (docs/choosing-a-strategy.md).
+# Tracking is measured at half the predicted change (track 0.5) and at the
+# full change (track 1, unstable when the reference models are poor), both
+# with lambda = 0.05 and against BOTS at lambda = 0.05 alone.
+_EXPECTED = ("selection_mode", "expected")
+ENGINES: tuple[Method, ...] = (
+    Method("bots-lam0.05", "BOTS lambda=0.05 (control of tracking)", forgetting=0.05, group="engine"),
+    Method(
+        "bots-track",
+        "BOTS + tracking 0.5 (lambda=0.05)",
+        forgetting=0.05,
+        group="engine",
+        settings=(("track_prediction", 0.5),),
+    ),
+    Method(
+        "bots-track1",
+        "BOTS + tracking 1 (lambda=0.05)",
+        forgetting=0.05,
+        group="engine",
+        settings=(("track_prediction", 1.0),),
+    ),
+    Method("bots-reliable", "BOTS + reliability rho", group="engine", settings=(("implicit_reliability", 1.0),)),
+    Method("bots-expected", "BOTS + expected-loss selection", group="engine", settings=(_EXPECTED,)),
+    Method(
+        "bots-plus",
+        "BOTS + expected + tracking 0.5 (lambda=0.05)",
+        forgetting=0.05,
+        group="engine",
+        settings=(("track_prediction", 0.5), _EXPECTED),
+    ),
+    Method(
+        "bots-all",
+        "BOTS + all three (tracking 0.5, lambda=0.05)",
+        forgetting=0.05,
+        group="engine",
+        settings=(("track_prediction", 0.5), ("implicit_reliability", 1.0), _EXPECTED),
+    ),
+)
+METHODS = {m.name: m for m in (*MAIN, *ABLATIONS, *ENGINES)}
 # The lambda and rho sweeps, each with the default value and extremes from MAIN.
 LAMBDA_SWEEP = (("bots-lam0", 0.0), ("bots-lam0.03", 0.03), ("bots", 0.1), ("bots-lam0.3", 0.3), ("bots-lam1", 1.0))
 RHO_SWEEP = (("bots-explicit", 0.0), ("bots", 0.1), ("bots-rho0.3", 0.3), ("bots-rho0.6", 0.6), ("bots-implicit", 1.0))
@@ -102,12 +147,15 @@ class SimConfig:
     world: WorldConfig = field(default_factory=WorldConfig)
     batch_size: int = 32  # tasks per step (B)
     rollouts: int = 16  # attempts per task (m)
-    steps: int = 300
+    steps: int = 600
     band_feature: str = "mean"  # weak | strong | mean: the reference pass rate the band filter uses
     band: tuple[float, float] = (0.1, 0.9)
     dapo_max_draws: int = 8  # DAPO: at most this many batches generated per step
     probe_every: int = 10  # posterior-vs-truth error every this many steps
-    targets: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7)  # held-out accuracies to reach
+    # Targets: held-out accuracy gains over the seed's starting accuracy (the
+    # same for every method of a seed, which shares its world and learner).
+    gains: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4)
+    world_name: str = "good"  # bench/simmodel.py WORLDS; `world` is its config
 
 
 # -- selectors: where a method's batches come from ------------------------------------
@@ -138,7 +186,10 @@ class RemoteSelector:
 
         await self.client.create_experiment(self.name, self.config)
         tasks = [
-            bots_client.Task(f"t{i}", {"weak": float(self._weak[i]), "strong": float(self._strong[i])})
+            bots_client.Task(
+                f"t{i}",
+                {} if math.isnan(self._weak[i]) else {"weak": float(self._weak[i]), "strong": float(self._strong[i])},
+            )
             for i in self.pool
         ]
         await self.client.add_tasks(self.name, tasks)
@@ -224,7 +275,7 @@ class OracleSelector:
         self.rng = np.random.default_rng([seed, 0x0AC1E])
 
     async def select(self, batch_size: int, request_key: str) -> np.ndarray:
-        p = self.world.success_prob(self.learner.theta)
+        p = self.learner.pass_rates()
         score = np.abs(p - 0.5) + self.rng.random(p.shape[0]) * 1e-9
         return np.argpartition(score, batch_size)[:batch_size]
 
@@ -260,11 +311,13 @@ async def make_selector(
 ) -> Selector:
     if method.kind == "oracle":
         return OracleSelector(world, learner, seed)
+    if method.kind == "band" and not sim.world.references:
+        raise ValueError("the band filter needs reference pass rates; this world has none")
     pool = band_pool(world, sim) if method.kind == "band" else np.arange(world.num_tasks)
     config = method.config(sim.rollouts, seed)
     if client is None:
         return LocalSelector(config, pool, world.weak_ref, world.strong_ref)
-    name = f"sim-{run_tag}-{method.name}-s{seed}"
+    name = f"sim-{run_tag}-{sim.world_name}-{method.name}-s{seed}"
     return await RemoteSelector(client, name, config, pool, world.weak_ref, world.strong_ref).open()
 
 
@@ -296,7 +349,7 @@ async def run_one(method: Method, seed: int, sim: SimConfig, client: Any | None,
                 k = learner.rollout(idx, m, rng)
                 cap = await selector.report(idx, k, m)
                 generated, useful = b, int(np.count_nonzero((k > 0) & (k < m)))
-            gap_all = np.abs(world.success_prob(learner.theta) - 0.5)
+            gap_all = np.abs(learner.pass_rates() - 0.5)
             best = float(np.mean(np.partition(gap_all, b - 1)[:b]))
             signal.append(learner.train(idx, k, m, b))
             target_gap.append(float(np.mean(gap_all[idx])))
@@ -311,7 +364,9 @@ async def run_one(method: Method, seed: int, sim: SimConfig, client: Any | None,
         await selector.close()
     result: dict[str, Any] = {
         "method": method.name,
+        "world": sim.world_name,
         "seed": seed,
+        "reference_correlation": list(reference_correlations(world)),
         "accuracy": accuracy,
         "rollouts": rollouts,
         "informative": informative,
@@ -363,7 +418,7 @@ async def _probe(
     mean = await selector.posterior_mean()
     if mean is None:
         return
-    truth = world.success_prob(learner.theta)
+    truth = learner.pass_rates()
     full = np.full(truth.shape[0], np.nan)
     full[: mean.shape[0]] = mean[: truth.shape[0]]
     known = ~np.isnan(full)
@@ -374,13 +429,13 @@ async def _probe(
 
 
 async def run_all(
-    methods: Sequence[Method],
-    seeds: Sequence[int],
-    sim: SimConfig,
+    jobs: Sequence[tuple[Method, int, SimConfig]],
     target: str | None,
     concurrency: int,
     progress: bool,
 ) -> list[dict[str, Any]]:
+    """Every (method, seed, world's SimConfig) run; against a server at
+    `target`, or in-process when it is None."""
     client = None
     if target is not None:
         import bots_client
@@ -389,24 +444,24 @@ async def run_all(
     run_tag = uuid.uuid4().hex[:8]
     semaphore = asyncio.Semaphore(concurrency if client is not None else 1)
     done = 0
-    total = len(methods) * len(seeds)
+    total = len(jobs)
 
-    async def one(method: Method, seed: int) -> dict[str, Any]:
+    async def one(method: Method, seed: int, sim: SimConfig) -> dict[str, Any]:
         nonlocal done
         async with semaphore:
             result = await run_one(method, seed, sim, client, run_tag)
         done += 1
         if progress:
             print(
-                f"  [{done:3d}/{total}] {method.name:14s} seed {seed}: final accuracy {result['accuracy'][-1]:.3f} "
-                f"({result['seconds']:.1f} s)",
+                f"  [{done:3d}/{total}] {sim.world_name:5s} {method.name:14s} seed {seed}: final accuracy "
+                f"{result['accuracy'][-1]:.3f} ({result['seconds']:.1f} s)",
                 file=sys.stderr,
                 flush=True,
             )
         return result
 
     try:
-        return await asyncio.gather(*(one(m, s) for m in methods for s in seeds))
+        return await asyncio.gather(*(one(m, s, sim) for m, s, sim in jobs))
     finally:
         if client is not None:
             await client.close()
@@ -425,11 +480,15 @@ def summarize(runs: list[dict[str, Any]], sim: SimConfig, methods: Sequence[Meth
     by_method: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_method.setdefault(r["method"], []).append(r)
-    uniform_final = (
-        float(np.mean([r["accuracy"][-1] for r in by_method["uniform"]])) if "uniform" in by_method else None
-    )
     early = max(1, sim.steps // 10)
-    summary: dict[str, Any] = {"uniform_final_accuracy": uniform_final, "methods": {}}
+    correlations = np.array([r["reference_correlation"] for r in runs if "reference_correlation" in r], dtype=float)
+    summary: dict[str, Any] = {"world": sim.world_name, "methods": {}}
+    if correlations.size:
+        summary["reference_correlation"] = {
+            "weak": _stats(correlations[:, 0]) if not np.isnan(correlations[:, 0]).any() else None,
+            "strong": _stats(correlations[:, 1]) if not np.isnan(correlations[:, 1]).any() else None,
+        }
+    steps_of: dict[str, dict[str, list[int | None]]] = {}  # method -> target key -> steps per seed
     for method in methods:
         rs = sorted(by_method.get(method.name, []), key=lambda r: r["seed"])
         if not rs:
@@ -439,6 +498,7 @@ def summarize(runs: list[dict[str, Any]], sim: SimConfig, methods: Sequence[Meth
             "label": method.label,
             "group": method.group,
             "seeds": [r["seed"] for r in rs],
+            "start_accuracy": _stats(acc[:, 0]),
             "final_accuracy": _stats(acc[:, -1]),
             "mean_accuracy": _stats(acc[:, 1:].mean(axis=1)),  # area under the curve / steps
             "informative": _stats([np.mean(r["informative"]) for r in rs]),
@@ -447,19 +507,41 @@ def summarize(runs: list[dict[str, Any]], sim: SimConfig, methods: Sequence[Meth
             "rollouts_total": _stats([r["rollouts"][-1] for r in rs]),
             "targets": {},
         }
-        targets = list(sim.targets) + ([uniform_final] if uniform_final is not None else [])
-        for i, threshold in enumerate(targets):
-            steps = [first_reach(r["accuracy"], threshold) for r in rs]
+        steps_of[method.name] = {}
+        for gain in sim.gains:
+            key = f"+{gain:.2f}"
+            steps = [first_reach(r["accuracy"], r["accuracy"][0] + gain) for r in rs]
             rollouts = [None if s is None else r["rollouts"][s] for s, r in zip(steps, rs, strict=True)]
-            key = "uniform_final" if i == len(sim.targets) else f"{threshold:.2f}"
+            steps_of[method.name][key] = steps
             entry["targets"][key] = {
-                "threshold": threshold,
+                "gain": gain,
                 "reached": sum(s is not None for s in steps),
                 "steps": steps,
                 "rollouts": rollouts,
                 "steps_stats": _censored_stats(steps, sim.steps),
                 "rollouts_stats": _censored_stats(rollouts, None),
             }
+        summary["methods"][method.name] = entry
+    # Per-seed ratios of steps to a target, a miss counted at the step budget
+    # (so a miss by the baseline makes the ratio an upper bound, a miss by the
+    # method a lower bound), averaged over every seed: never over only the
+    # seeds that reached it.
+    for name, entry in summary["methods"].items():
+        for key, t in entry["targets"].items():
+            for base in ("uniform", "oracle", "bots"):
+                if base in steps_of and base != name:
+                    t[f"ratio_to_{base}"] = _ratio_stats(
+                        steps_of[name][key],
+                        steps_of[base][key],
+                        entry["seeds"],
+                        summary["methods"][base]["seeds"],
+                        sim.steps,
+                    )
+    for method in methods:
+        if method.name not in summary["methods"]:
+            continue
+        entry = summary["methods"][method.name]
+        rs = sorted(by_method[method.name], key=lambda r: r["seed"])
         probes = [r["posterior_error"] for r in rs if r["posterior_error"]]
         if probes:
             errors = np.array([[e for _, e in p] for p in probes])
@@ -481,6 +563,28 @@ def summarize(runs: list[dict[str, Any]], sim: SimConfig, methods: Sequence[Meth
         summary["methods"][method.name] = entry
     summary["claims"] = check_claims(by_method, summary, sim)
     return summary
+
+
+def _ratio_stats(
+    steps: Sequence[int | None],
+    base: Sequence[int | None],
+    seeds: Sequence[int],
+    base_seeds: Sequence[int],
+    budget: int,
+) -> dict[str, Any]:
+    """Per-seed steps / baseline steps over the seeds both ran, a miss counted
+    at the budget; how many of those ratios are bounds (a miss on either side)."""
+    by_seed = dict(zip(base_seeds, base, strict=True))
+    ratios, bounds = [], 0
+    for seed, s in zip(seeds, steps, strict=True):
+        if seed not in by_seed:
+            continue
+        b = by_seed[seed]
+        bounds += s is None or b is None
+        ratios.append((budget if s is None else max(s, 1)) / (budget if b is None else max(b, 1)))
+    if not ratios:
+        return {"mean": None, "std": None, "per_seed": [], "bounds": 0}
+    return {**_stats(ratios), "per_seed": [round(r, 4) for r in ratios], "bounds": bounds}
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
@@ -524,24 +628,25 @@ def check_claims(
         claims.append({"claim": claim, "held": held, "evidence": evidence})
 
     methods = summary["methods"]
-    # 1. BOTS beats uniform.
+    # 1. BOTS beats uniform: fewer steps to every accuracy gain, per seed.
     if "bots" in methods and "uniform" in methods:
-        t = methods["bots"]["targets"].get("uniform_final")
+        ratios = {k: t.get("ratio_to_uniform") for k, t in methods["bots"]["targets"].items()}
         p = _paired(by_method, "bots", "uniform", auc)
-        if t is not None and p is not None:
-            steps = t["steps_stats"]["mean"]
-            fewer = None if steps is None else 100 * (1 - steps / sim.steps)
+        if all(r is not None and r["mean"] is not None for r in ratios.values()) and p is not None:
             add(
-                "BOTS (defaults) needs fewer steps than uniform to reach uniform's final accuracy",
-                fewer is not None and fewer > 0 and t["reached"] == len(t["steps"]),
-                f"BOTS reaches it at step {steps if steps is None else round(steps)} vs {sim.steps} "
-                f"({'n/a' if fewer is None else f'{fewer:.0f}% fewer'}; reached in {t['reached']}/{len(t['steps'])} seeds); "
-                f"mean-accuracy gain {p[0]:+.3f}, higher in {p[1]}/{p[2]} seeds",
+                "BOTS (defaults) needs fewer steps than uniform to every accuracy gain (mean per-seed ratio < 1)",
+                all(r["mean"] < 1 for r in ratios.values()),  # type: ignore[index]
+                "steps relative to uniform, per seed, misses at the budget: "
+                + ", ".join(f"{k}: {r['mean']:.2f} ± {r['std']:.2f}" for k, r in ratios.items())  # type: ignore[index]
+                + f"; mean-accuracy gain {p[0]:+.3f}, higher in {p[1]}/{p[2]} seeds",
             )
+    # Claims about the plug-in (2, 3 and the rho sweep) mean nothing in a
+    # world without reference models: every rho is the same method there.
+    plugin = sim.world.references
     # 2. Implicit-only drifts. Measured as selection regret: mean |p - 0.5| of
     # the batch minus that of the best possible batch for the same learner, so
     # that a learner further along (fewer useful tasks left) is not penalized.
-    if "bots-implicit" in methods and "bots" in methods:
+    if plugin and "bots-implicit" in methods and "bots" in methods:
         quarter = max(1, sim.steps // 4)
 
         def regret(r: dict[str, Any], part: slice) -> float:
@@ -578,7 +683,7 @@ def check_claims(
             evidence,
         )
     # 3. Explicit-only starts slowly.
-    if "bots-explicit" in methods and "bots" in methods:
+    if plugin and "bots-explicit" in methods and "bots" in methods:
         p_inf = _paired(by_method, "bots", "bots-explicit", lambda r: float(np.mean(r["informative"][:early])))
         p_acc = _paired(by_method, "bots", "bots-explicit", lambda r: r["accuracy"][early])
         if p_inf is not None and p_acc is not None:
@@ -593,7 +698,7 @@ def check_claims(
     # 4. A moderate lambda beats both extremes; the same for rho.
     for sweep, symbol in ((LAMBDA_SWEEP, "lambda"), (RHO_SWEEP, "rho")):
         present = [(name, value) for name, value in sweep if name in methods]
-        if len(present) < 3:
+        if len(present) < 3 or (symbol == "rho" and not plugin):
             continue
         scores = {name: methods[name]["mean_accuracy"]["mean"] for name, _ in present}
         low, high = present[0], present[-1]
@@ -632,52 +737,79 @@ def _fmt(stats: dict[str, Any] | None, digits: int = 3, budget_marker: bool = Fa
 
 
 def markdown(summary: dict[str, Any], sim: SimConfig, info: dict[str, Any], backend: str) -> str:
+    """One world's tables and claims."""
     methods = summary["methods"]
     n_seeds = len(next(iter(methods.values()))["seeds"])
+    corr = summary.get("reference_correlation") or {}
+    if corr.get("weak") and corr.get("strong"):
+        refs = (
+            f"reference models' pass rates correlate {corr['weak']['mean']:.2f} ± {corr['weak']['std']:.2f} (weak) and "
+            f"{corr['strong']['mean']:.2f} ± {corr['strong']['std']:.2f} (strong) with the learner's initial ones"
+        )
+    else:
+        refs = "no reference models"
     lines = [
+        f"### World `{summary['world']}`",
+        "",
         (
-            f"Simulator: {sim.world.num_tasks} training tasks, {sim.world.num_skills} skills, batch {sim.batch_size} tasks x "
-            f"{sim.rollouts} rollouts, {sim.steps} steps, {n_seeds} seeds (mean ± std), backend {backend}."
+            f"{sim.world.num_tasks} training tasks, {sim.world.num_skills} skills, batch {sim.batch_size} tasks x "
+            f"{sim.rollouts} rollouts, {sim.steps} steps, {n_seeds} seeds (mean ± std), backend {backend}; {refs}."
         ),
         f"Machine: {common.machine_line(info)}.",
         "",
         (
-            "| method | final acc | mean acc | informative groups | acc @ step "
-            f"{max(1, sim.steps // 10)} | total rollouts (k) |"
+            f"| method | start acc | final acc | mean acc | informative groups | acc @ step {max(1, sim.steps // 10)} "
+            "| rollouts (k) |"
         ),
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for e in methods.values():
         lines.append(
-            f"| {e['label']} | {_fmt(e['final_accuracy'])} | {_fmt(e['mean_accuracy'])} | {_fmt(e['informative'], 2)} | "
-            f"{_fmt(e['accuracy_early'])} | {e['rollouts_total']['mean'] / 1000:.1f} |"
+            f"| {e['label']} | {_fmt(e['start_accuracy'])} | {_fmt(e['final_accuracy'])} | {_fmt(e['mean_accuracy'])} | "
+            f"{_fmt(e['informative'], 2)} | {_fmt(e['accuracy_early'])} | {e['rollouts_total']['mean'] / 1000:.0f} |"
         )
     keys = list(next(iter(methods.values()))["targets"].keys())
-    lines += ["", "Steps to reach a held-out accuracy (mean ± std over the seeds that reached it):", ""]
-    header = [
-        f"acc {methods[next(iter(methods))]['targets'][k]['threshold']:.3f}"
-        + (" (uniform final)" if k == "uniform_final" else "")
-        for k in keys
+    header = "| method | " + " | ".join(f"acc {k}" for k in keys) + " |"
+    rule = "|---|" + "---|" * len(keys)
+    lines += [
+        "",
+        f"Steps to each held-out accuracy gain over the start: mean ± std over all {n_seeds} seeds, a miss counted "
+        f"at the budget ({sim.steps}; '≥' and the number of misses when some seeds missed):",
+        "",
+        header,
+        rule,
     ]
-    lines.append("| method | " + " | ".join(header) + " |")
-    lines.append("|---|" + "---|" * len(keys))
-    for e in methods.values():
-        lines.append(
-            f"| {e['label']} | " + " | ".join(_fmt(e["targets"][k]["steps_stats"], 0, True) for k in keys) + " |"
-        )
-    lines += ["", "Rollouts (thousands) to reach the same accuracies:", ""]
-    lines.append("| method | " + " | ".join(header) + " |")
-    lines.append("|---|" + "---|" * len(keys))
     for e in methods.values():
         cells = []
         for k in keys:
-            s = e["targets"][k]["rollouts_stats"]
-            cells.append(
-                "not reached"
-                if s["mean"] is None
-                else _fmt({**s, "mean": s["mean"] / 1000, "std": s["std"] / 1000}, 1, True)
-            )
+            t = e["targets"][k]
+            at_budget = [sim.steps if v is None else v for v in t["steps"]]
+            missed = len(at_budget) - t["reached"]
+            cell = f"{np.mean(at_budget):.0f} ± {np.std(at_budget, ddof=1) if len(at_budget) > 1 else 0:.0f}"
+            cells.append(f"≥{cell} ({missed} missed)" if missed else cell)
         lines.append(f"| {e['label']} | " + " | ".join(cells) + " |")
+    for base in ("uniform", "oracle"):
+        if base not in methods:
+            continue
+        lines += [
+            "",
+            f"Steps relative to {base}, per seed (a miss at the budget; 'b' = how many seeds' ratios are bounds "
+            "because one side missed), mean ± std:",
+            "",
+            header,
+            rule,
+        ]
+        for name, e in methods.items():
+            if name == base:
+                continue
+            cells = []
+            for k in keys:
+                r = e["targets"][k].get(f"ratio_to_{base}")
+                if r is None or r["mean"] is None:
+                    cells.append("-")
+                else:
+                    cells.append(f"{r['mean']:.2f} ± {r['std']:.2f}" + (f" ({r['bounds']}b)" if r["bounds"] else ""))
+            lines.append(f"| {e['label']} | " + " | ".join(cells) + " |")
     lines += ["", "Claims:", ""]
     for c in summary["claims"]:
         verdict = "HELD" if c["held"] else "DID NOT HOLD"
@@ -700,32 +832,42 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], sim: SimConfig, ou
     by_method: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_method.setdefault(r["method"], []).append(r)
-    main = [m.name for m in MAIN if m.name in by_method]
-    colors = dict(zip(main, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 2, strict=False))
+    main = [m.name for m in (*MAIN, *ENGINES) if m.name in by_method]
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = dict(zip(main, palette * 3, strict=False))
+    styles = {name: ("--" if i >= len(palette) else "-") for i, name in enumerate(main)}
+    suffix = f"_{sim.world_name}"
     written = []
 
     def band(ax: Any, x: np.ndarray, ys: np.ndarray, name: str, label: str) -> None:
         mean, std = ys.mean(axis=0), ys.std(axis=0)
-        ax.plot(x, mean, label=label, color=colors.get(name))
+        ax.plot(x, mean, label=label, color=colors.get(name), ls=styles.get(name, "-"))
         ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=colors.get(name))
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for name in main:
         rs = by_method[name]
+        # Gains over each seed's start, the quantity the step targets are defined on.
         acc = np.array([r["accuracy"] for r in rs])
+        acc = acc - acc[:, :1]
         band(axes[0], np.arange(acc.shape[1]), acc, name, METHODS[name].label)
         rollouts = np.array([r["rollouts"] for r in rs]) / 1000
         mean_x = rollouts.mean(axis=0)
         band(axes[1], mean_x, acc, name, METHODS[name].label)
-    for t in sim.targets:
+    for t in sim.gains:
         for ax in axes:
             ax.axhline(t, color="grey", lw=0.5, ls=":")
-    axes[0].set(xlabel="training step", ylabel="held-out accuracy", title="accuracy vs steps (mean ± std)")
-    axes[1].set(xlabel="rollouts (thousands)", ylabel="held-out accuracy", title="accuracy vs rollouts")
+    title = f"world {sim.world_name}: "
+    axes[0].set(
+        xlabel="training step",
+        ylabel="held-out accuracy gain over the start",
+        title=title + "gain vs steps (mean ± std)",
+    )
+    axes[1].set(xlabel="rollouts (thousands)", ylabel="held-out accuracy gain", title=title + "gain vs rollouts")
     axes[1].set_xlim(0, sim.steps * sim.batch_size * sim.rollouts / 1000 * 1.05)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    written.append(_save(fig, out_dir / "sim_accuracy.png"))
+    written.append(_save(fig, out_dir / f"sim_accuracy{suffix}.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     window = max(1, sim.steps // 20)
@@ -749,7 +891,7 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], sim: SimConfig, ou
     axes[0].legend(fontsize=7, loc="lower left")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    written.append(_save(fig, out_dir / "sim_signal_drift.png"))
+    written.append(_save(fig, out_dir / f"sim_signal_drift{suffix}.png"))
 
     sweeps = [
         (s, sym)
@@ -759,22 +901,26 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], sim: SimConfig, ou
     if sweeps:
         fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.5), squeeze=False)
         for ax, (sweep, symbol) in zip(axes[0], sweeps, strict=True):
-            for key, label in (("mean_accuracy", "mean accuracy over training"), ("final_accuracy", "final accuracy")):
+            # Each curve with the baselines' value of the same quantity.
+            for key, label, ls in (
+                ("mean_accuracy", "mean accuracy over training", ":"),
+                ("final_accuracy", "final accuracy", "--"),
+            ):
                 means = [summary["methods"][n][key]["mean"] for n, _ in sweep]
                 stds = [summary["methods"][n][key]["std"] for n, _ in sweep]
                 ax.errorbar([str(v) for _, v in sweep], means, yerr=stds, marker="o", capsize=3, label=label)
-            for name in ("uniform", "oracle"):
-                if name in summary["methods"]:
-                    ax.axhline(
-                        summary["methods"][name]["mean_accuracy"]["mean"],
-                        ls=":",
-                        color=colors.get(name),
-                        label=f"{name} (mean acc)",
-                    )
+                for name in ("uniform", "oracle"):
+                    if name in summary["methods"]:
+                        ax.axhline(
+                            summary["methods"][name][key]["mean"],
+                            ls=ls,
+                            color=colors.get(name),
+                            label=f"{name}: {label}",
+                        )
             ax.set(xlabel=symbol, ylabel="held-out accuracy", title=f"BOTS: sweep of {symbol}")
             ax.legend(fontsize=8)
         fig.tight_layout()
-        written.append(_save(fig, out_dir / "sim_ablations.png"))
+        written.append(_save(fig, out_dir / f"sim_ablations{suffix}.png"))
     return written
 
 
@@ -792,9 +938,17 @@ def _save(fig: Any, path: Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 seeds, 120 steps, 1500 tasks, main methods only")
+    parser.add_argument("--quick", action="store_true", help="2 seeds, 150 steps, 1500 tasks, no ablations")
+    parser.add_argument(
+        "--worlds",
+        default=",".join(WORLDS),
+        help=f"comma-separated worlds of bench/simmodel.py (default {','.join(WORLDS)})",
+    )
+    parser.add_argument(
+        "--ablation-worlds", default="good", help="worlds where the lambda and rho sweeps run (default good)"
+    )
     parser.add_argument("--seeds", type=int, default=5, help="number of seeds (worlds); default 5")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 300)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 600)")
     parser.add_argument("--tasks", type=int, default=None, help="training pool size (default 3000)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rollouts", type=int, default=16)
@@ -833,42 +987,60 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    world = WorldConfig()
+    worlds = [w for w in args.worlds.split(",") if w]
+    unknown_worlds = [w for w in worlds if w not in WORLDS]
+    if unknown_worlds or not worlds:
+        raise SystemExit(f"--worlds: unknown {unknown_worlds}; expected some of {list(WORLDS)}")
     steps = SimConfig.steps
     seeds = args.seeds
     if args.quick:
-        world = dataclasses.replace(world, num_tasks=1500, num_heldout=500)
-        steps, seeds = 120, min(seeds, 2)
+        steps, seeds = 150, min(seeds, 2)
+    overrides: dict[str, Any] = {}
+    if args.quick:
+        overrides.update(num_tasks=1500, num_heldout=500)
     if args.tasks:
-        world = dataclasses.replace(world, num_tasks=args.tasks)
+        overrides["num_tasks"] = args.tasks
+    kinds = {f.name: f.type for f in dataclasses.fields(WorldConfig)}
     for override in args.world:
         field_name, _, value = override.partition("=")
-        kinds = {f.name: f.type for f in dataclasses.fields(WorldConfig)}
         if field_name not in kinds or not value:
             raise SystemExit(f"--world {override!r}: expected FIELD=VALUE with FIELD one of {sorted(kinds)}")
-        world = dataclasses.replace(world, **{field_name: int(value) if kinds[field_name] == "int" else float(value)})
-    sim = SimConfig(world=world, batch_size=args.batch_size, rollouts=args.rollouts, steps=args.steps or steps)
+        kind = kinds[field_name]
+        overrides[field_name] = int(value) if kind == "int" else (value == "true" if kind == "bool" else float(value))
+    sims = {
+        name: SimConfig(
+            world=dataclasses.replace(WORLDS[name], **overrides),
+            batch_size=args.batch_size,
+            rollouts=args.rollouts,
+            steps=args.steps or steps,
+            world_name=name,
+        )
+        for name in worlds
+    }
     if args.methods:
         unknown = [m for m in args.methods.split(",") if m not in METHODS]
         if unknown:
             raise SystemExit(f"unknown methods {unknown}; expected some of {list(METHODS)}")
         methods = [METHODS[m] for m in args.methods.split(",")]
     else:
-        methods = list(MAIN) + ([] if args.no_ablations or args.quick else list(ABLATIONS))
+        methods = list(MAIN) + list(ENGINES)
+    ablation_worlds = [] if args.no_ablations or args.quick or args.methods else args.ablation_worlds.split(",")
     out = Path(args.out)
     if args.from_json:
         earlier = json.loads(Path(args.from_json).read_text())
-        sim = _sim_from_dict(earlier["sim"])
-        runs = earlier["runs"]
-        names = list(dict.fromkeys(r["method"] for r in runs))
-        methods = [METHODS[n] for n in names]
+        sims = {name: _sim_from_dict(d) for name, d in earlier["sims"].items()}
         return _finish(
-            runs, sim, methods, earlier["machine"], earlier["backend"], earlier["seconds"], out, args.no_plots
+            earlier["runs"], sims, earlier["machine"], earlier["backend"], earlier["seconds"], out, args.no_plots
         )
+    jobs = []
+    for name, sim in sims.items():
+        world_methods = methods + (list(ABLATIONS) if name in ablation_worlds else [])
+        for method in world_methods:
+            if method.kind == "band" and not sim.world.references:
+                continue  # nothing to filter on
+            jobs += [(method, seed, sim) for seed in range(seeds)]
     info = common.machine_info()
-    print(
-        f"simulating {len(methods)} methods x {seeds} seeds, {sim.steps} steps, backend {args.backend}", file=sys.stderr
-    )
+    print(f"simulating {len(jobs)} runs ({', '.join(sims)}), {steps} steps, backend {args.backend}", file=sys.stderr)
     started = time.perf_counter()
     server = None
     scratch = None
@@ -878,11 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
             scratch = common.scratch_dir()
             server = common.server_process(args.db or f"sqlite:///{scratch}/simulate.db").start()
             target = server.address
-        runs = asyncio.run(
-            run_all(
-                methods, list(range(seeds)), sim, target if args.backend == "grpc" else None, args.concurrency, True
-            )
-        )
+        runs = asyncio.run(run_all(jobs, target if args.backend == "grpc" else None, args.concurrency, True))
     finally:
         if server is not None:
             server.stop()
@@ -891,21 +1059,27 @@ def main(argv: list[str] | None = None) -> int:
 
             shutil.rmtree(scratch, ignore_errors=True)
     elapsed = time.perf_counter() - started
-    return _finish(runs, sim, methods, info, args.backend, elapsed, out, args.no_plots)
+    return _finish(runs, sims, info, args.backend, elapsed, out, args.no_plots)
 
 
 def _finish(
     runs: list[dict[str, Any]],
-    sim: SimConfig,
-    methods: Sequence[Method],
+    sims: dict[str, SimConfig],
     info: dict[str, Any],
     backend: str,
     elapsed: float,
     out: Path,
     no_plots: bool,
 ) -> int:
-    summary = summarize(runs, sim, methods)
-    text = markdown(summary, sim, info, backend)
+    summaries: dict[str, Any] = {}
+    texts = []
+    for name, sim in sims.items():
+        world_runs = [r for r in runs if r.get("world", "good") == name]
+        present = list(dict.fromkeys(r["method"] for r in world_runs))
+        methods = [m for m in METHODS.values() if m.name in present]
+        summaries[name] = summarize(world_runs, sim, methods)
+        texts.append(markdown(summaries[name], sim, info, backend))
+    text = "\n".join(texts) + f"\nWall time of the whole run: {elapsed:.0f} s.\n"
     print(text)
     print(f"({elapsed:.0f} s)", file=sys.stderr)
     common.write_json(
@@ -914,16 +1088,18 @@ def _finish(
             "machine": info,
             "backend": backend,
             "seconds": elapsed,
-            "sim": dataclasses.asdict(sim),
-            "summary": summary,
+            "sims": {name: dataclasses.asdict(sim) for name, sim in sims.items()},
+            "summaries": summaries,
             "runs": [_rounded(r) for r in runs],
         },
         indent=None,
     )
     (out / "simulate.md").write_text(text)
     if not no_plots:
-        for path in plot(runs, summary, sim, out):
-            print(f"wrote {path}", file=sys.stderr)
+        for name, sim in sims.items():
+            world_runs = [r for r in runs if r.get("world", "good") == name]
+            for path in plot(world_runs, summaries[name], sim, out):
+                print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -941,7 +1117,7 @@ def _rounded(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sim_from_dict(d: dict[str, Any]) -> SimConfig:
-    fields = {**d, "world": WorldConfig(**d["world"]), "band": tuple(d["band"]), "targets": tuple(d["targets"])}
+    fields = {**d, "world": WorldConfig(**d["world"]), "band": tuple(d["band"]), "gains": tuple(d["gains"])}
     return SimConfig(**fields)
 
 

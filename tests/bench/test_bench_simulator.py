@@ -17,7 +17,7 @@ from bench.simmodel import Learner, World, WorldConfig, group_signal
 from tests.support.servers import ServerProcess
 
 TINY_WORLD = WorldConfig(num_tasks=300, num_heldout=200, num_skills=4)
-TINY = simulate.SimConfig(world=TINY_WORLD, batch_size=8, rollouts=8, steps=40, probe_every=10, targets=(0.3, 0.4))
+TINY = simulate.SimConfig(world=TINY_WORLD, batch_size=8, rollouts=8, steps=40, probe_every=10, gains=(0.02, 0.05))
 
 
 def test_signal_is_zero_for_all_correct_and_all_wrong_groups() -> None:
@@ -119,6 +119,54 @@ def test_summary_and_claims_render(tmp_path: Path) -> None:
         "local",
     )
     assert "| uniform random |" in text and "Claims:" in text
+    assert "Steps relative to uniform" in text
+
+
+def test_step_ratios_count_misses_at_the_budget_over_every_seed() -> None:
+    # seeds 0..2: the method reaches at 10, misses, reaches at 30; the baseline
+    # reaches at 20, at 50, misses. Budget 100: ratios 10/20, 100/50, 30/100.
+    r = simulate._ratio_stats([10, None, 30], [20, 50, None], [0, 1, 2], [0, 1, 2], 100)
+    assert r["per_seed"] == [0.5, 2.0, 0.3]
+    assert r["mean"] == pytest.approx((0.5 + 2.0 + 0.3) / 3)
+    assert r["bounds"] == 2
+
+
+def test_memorisation_helps_the_trained_task_only_never_held_out_accuracy() -> None:
+    cfg = dataclasses.replace(TINY_WORLD, memorisation=2.0, learning_rate=0.0)
+    world = World.generate(cfg, seed=4)
+    learner = Learner(world)
+    before = learner.pass_rates()
+    idx = np.array([3, 7])
+    learner.train(idx, np.array([4, 4]), 8, batch_size=8)
+    after = learner.pass_rates()
+    others = np.setdiff1d(np.arange(cfg.num_tasks), idx)
+    assert (after[idx] > before[idx]).all()
+    assert np.array_equal(after[others], before[others])
+    assert world.accuracy(learner.theta) == world.accuracy(world.theta0)
+    # logit gain = memorisation * a_i * r (1 - r), r = 4 / 8
+    logit = np.log(after[idx] / (1 - after[idx])) - np.log(before[idx] / (1 - before[idx]))
+    assert np.allclose(logit, 2.0 * world.discrimination[idx] * 0.25)
+
+
+def test_reference_models_have_abilities_of_their_own() -> None:
+    # Their per-skill profiles do not follow the learner's: over many worlds the
+    # correlation of (reference - level) with the learner's profile is near 0.
+    cfg = dataclasses.replace(TINY_WORLD, num_tasks=50, num_heldout=10, num_skills=8)
+    pairs = []
+    for seed in range(200):
+        w = World.generate(cfg, seed)
+        pairs.append((w.theta0 - w.theta0.mean(), w.weak_theta - w.weak_theta.mean()))
+    learner = np.concatenate([a for a, _ in pairs])
+    weak = np.concatenate([b for _, b in pairs])
+    assert abs(np.corrcoef(learner, weak)[0, 1]) < 0.1
+
+
+def test_a_world_without_references_has_no_features() -> None:
+    world = World.generate(dataclasses.replace(TINY_WORLD, references=False), seed=0)
+    assert np.isnan(world.weak_ref).all() and np.isnan(world.strong_ref).all()
+    sim = dataclasses.replace(TINY, world=world.config, world_name="none", steps=5)
+    run = asyncio.run(simulate.run_one(simulate.METHODS["bots"], 0, sim, None, "t"))
+    assert all(c is None for c in run["capability"])  # the plug-in never estimates anything
 
 
 @pytest.mark.parametrize("method", ["bots", "mopps", "band", "dapo"])

@@ -58,6 +58,8 @@ class ExperimentConfig:
     warm_start_scale: float = 0.0
     warm_start_position: float = 0.0
     adaptive_rho_error: float = 0.0
+    track_prediction: float = 0.0
+    implicit_reliability: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def _strategy_names() -> tuple[str, ...]:
     return strategies.names()
 
 
-SELECTION_MODES = ("thompson", "mean", "softmax", "softmax_mean")
+SELECTION_MODES = ("thompson", "mean", "softmax", "softmax_mean", "expected")
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,9 @@ class EngineParams:
     rollouts_per_task: int = setting(16, "m: evidence scale of a reported rate", low=1, high=1_000_000)
     selection_mode: str = setting(
         "thompson",
-        "thompson (Beta draw), mean (posterior mean), softmax (Beta draw, sampled with temperature) "
-        "or softmax_mean (posterior mean, sampled with temperature)",
+        "thompson (Beta draw), mean (posterior mean), softmax (Beta draw, sampled with temperature), "
+        "softmax_mean (posterior mean, sampled with temperature) or expected (smallest posterior expected "
+        "squared distance to p*: no draw, uncertainty counts against a task)",
         choices=lambda: SELECTION_MODES
     )
     temperature: float = setting(1.0, "tau of the softmax modes", low=0.0, low_open=True)
@@ -112,6 +113,25 @@ class EngineParams:
         "(the reference uses 0.25; 0: off). The API accepts only 0 until checkpoints carry the current rho",
         low=0.0,
         high=0.0,
+    )
+    # Beyond the paper (docs/choosing-a-strategy.md): both read only the
+    # posterior, the reference features and the capability, which checkpoints
+    # carry, so they are safe over the API.
+    track_prediction: float = setting(
+        0.0,
+        "carry each task's posterior along the plug-in's predicted change of its pass rate every step, so "
+        "observed evidence keeps its offset from the prediction instead of being forgotten (0: off, 1: the full "
+        "predicted change); pair it with a smaller forgetting",
+        low=0.0,
+        high=1.0,
+    )
+    implicit_reliability: float = setting(
+        0.0,
+        "set rho each step from the batch: the plug-in's and the posterior's measured errors give the Bayes "
+        "weight of the prediction, and rho moves unreported tasks toward it by that much, times this factor "
+        "(0: off, the fixed implicit_weight)",
+        low=0.0,
+        high=1_000.0,
     )
 
     @classmethod

@@ -18,6 +18,8 @@ def closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np
     s / tau, so that the top-k is exactly sequential sampling without
     replacement from softmax(s / tau). softmax_mean is the reference selector's
     code default (do_sample off, tau > 0): no Beta draw at all."""
+    if params.selection_mode == "expected":
+        return expected_closeness(params.target_success, alpha, beta)
     if params.selection_mode in _MEAN_MODES:
         p = alpha / (alpha + beta)
     else:
@@ -26,6 +28,17 @@ def closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np
     if params.selection_mode in _SOFTMAX_MODES:
         score = score / params.temperature + rng.gumbel(size=score.shape[0])
     return score
+
+
+def expected_closeness(target: float, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """-E[(p - p*)^2] under Beta(alpha, beta): -((mu - p*)^2 + mu (1 - mu) / (n + 1))
+    with mu = alpha / n, n = alpha + beta. The Bayes choice for a squared
+    loss: a task is picked for being near p* and for being known to be there,
+    so exploration shrinks as the posteriors (and the plug-in's predictions)
+    sharpen, without a random draw."""
+    n = alpha + beta
+    mu = alpha / n
+    return -((mu - target) ** 2 + mu * (1 - mu) / (n + 1))
 
 
 def top_k(score: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
