@@ -51,6 +51,7 @@ from torch.utils.data import DataLoader
 
 import bots_client
 from bots_client.integrations.torch import BotsSampler
+from bots_client.types import SELECTION_MODES
 
 BOS = 10  # the "previous digit" before the first one
 
@@ -197,6 +198,8 @@ def train(arm: str, pool: TaskPool, args: argparse.Namespace, seed: int, address
             forgetting=args.forgetting,
             implicit_weight=args.implicit_weight,
             rollouts_per_task=args.rollouts,
+            selection_mode=args.selection_mode,
+            track_prediction=args.track_prediction,
             weak_feature="weak" if use_features else "",
             strong_feature="strong" if use_features else "",
             seed=seed,
@@ -371,6 +374,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=0.5, help="target success rate p*")
     p.add_argument("--forgetting", type=float, default=0.1, help="lambda")
     p.add_argument("--implicit-weight", type=float, default=0.1, help="rho; 0 turns the reference features off")
+    p.add_argument("--selection-mode", default="thompson", choices=SELECTION_MODES, help="the service's selection mode")
+    p.add_argument(
+        "--track-prediction", type=float, default=0.0, help="carry posteriors along the plug-in's prediction (0: off)"
+    )
     p.add_argument("--targets", type=float, nargs="+", default=[0.2, 0.4, 0.6, 0.8])
     p.add_argument("--stop-early", action="store_true", help="stop a run once it reaches the highest target")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "learning_curves.png")

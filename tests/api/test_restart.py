@@ -25,6 +25,14 @@ def outcome(key: str, step: int) -> tuple[float, int]:
     return (h % 17) / (2 if h % 3 == 0 else 1), 16
 
 
+# The opt-in engines beyond the paper read the posterior, the features and the
+# capability only, so a rebuilt server must continue them exactly as well.
+OPT_IN = ExperimentConfig(
+    weak_feature="weak", strong_feature="strong", seed=5, forgetting=0.05, selection_mode="expected",
+    track_prediction=0.5, implicit_reliability=1.0,
+)  # fmt: skip
+
+
 def run_steps(client: bots_client.Client, name: str, steps: range) -> list[list[str]]:
     picked = []
     for step in steps:
@@ -34,8 +42,8 @@ def run_steps(client: bots_client.Client, name: str, steps: range) -> list[list[
     return picked
 
 
-def setup(client: bots_client.Client, name: str) -> None:
-    client.create_experiment(name, CONFIG)
+def setup(client: bots_client.Client, name: str, config: ExperimentConfig = CONFIG) -> None:
+    client.create_experiment(name, config)
     rng = np.random.default_rng(1)
     weak = rng.uniform(0, 0.6, 40)
     client.add_tasks(name, [Task(f"task-{i}", {"weak": float(w), "strong": float(min(1, w + 0.3))}) for i, w in enumerate(weak)])
@@ -85,6 +93,32 @@ def test_restart_rebuilds_identical_posterior_and_continues_identically(two_data
             assert client.select_batch("run", 6, request_key="step-7") == pending
             client.report_outcomes("run", pending.batch_id, {k: outcome(k, 7) for k in pending.keys})
             picks += [pending.keys] + run_steps(client, "run", range(8, 14))
+            final = bits(client.snapshot("run"))
+        assert picks == ref_picks
+        assert final == ref_final
+    finally:
+        server.kill()
+        reference.kill()
+
+
+def test_restart_continues_the_opt_in_engines_identically(tmp_path) -> None:
+    reference = ServerProcess(f"sqlite:///{tmp_path / 'ref.db'}", extra_args=SERVER_ARGS).start()
+    db = f"sqlite:///{tmp_path / 'run.db'}"
+    server = ServerProcess(db, extra_args=SERVER_ARGS).start()
+    try:
+        with bots_client.Client(reference.address) as ref:
+            setup(ref, "run", OPT_IN)
+            ref_picks = run_steps(ref, "run", range(14))
+            ref_final = bits(ref.snapshot("run"))
+        with bots_client.Client(server.address) as client:
+            setup(client, "run", OPT_IN)
+            picks = run_steps(client, "run", range(7))  # checkpoint at 4, events 5-7 replayed
+            before = bits(client.snapshot("run"))
+        server.kill()
+        server = ServerProcess(db, extra_args=SERVER_ARGS).start()
+        with bots_client.Client(server.address) as client:
+            assert bits(client.snapshot("run")) == before
+            picks += run_steps(client, "run", range(7, 14))
             final = bits(client.snapshot("run"))
         assert picks == ref_picks
         assert final == ref_final
