@@ -66,7 +66,6 @@ class Pool:
                 return len(keys), live.num_tasks
             raise contended(name)
 
-
     async def set_retired(self, name: str, keys: Sequence[str], retired: bool) -> RetireResult:
         """Retire (or re-activate) the tasks named by `keys`, all or nothing:
         an unknown key rejects the whole call. Tasks already in that state
@@ -99,7 +98,6 @@ class Pool:
                 )
                 return RetireResult(changed=int(changed.size), num_retired=live.num_retired, num_tasks=live.num_tasks)
             raise contended(name)
-
 
     async def set_group_shares(self, name: str, shares: dict[str, tuple[float, float]]) -> list[GroupInfo]:
         """Set each named group's (min, max) share of every batch from the
