@@ -94,7 +94,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsS
     try:
         with bots_client.Client(server.address) as client:
             client.create_experiment(name, ExperimentConfig(seed=1, weak_feature="w", strong_feature="s"))
-            client.add_tasks(name, [Task(f"t{i}", {"w": 0.2, "s": 0.8}) for i in range(40)])
+            # Two groups and a retired task, so the living-pool panels have data too.
+            client.add_tasks(name, [Task(f"t{i}", {"w": 0.2, "s": 0.8}, "ab"[i % 2]) for i in range(40)])
+            client.retire_tasks(name, ["t39"])
+            client.set_group_shares(name, {"a": 0.5, "b": 0.5})
             for step in range(5):
                 batch = client.select_batch(name, 8, request_key=f"s{step}")
                 client.report_outcomes(name, batch.batch_id, {k: (i % 5, 4) for i, k in enumerate(batch.keys)})

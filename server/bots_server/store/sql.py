@@ -567,15 +567,21 @@ class SqlStore(Store):
             )
             self._bulk_insert(conn, t.outcomes, ("experiment_id", "step", "task_idx", "successes", "trials"), rows)
 
+    def _next_pool_event(self, conn: Connection, experiment_id: int, seq: int) -> int:
+        """Lock the experiment row and check that `seq` is its next pool
+        event (StaleStep otherwise); the experiment's step."""
+        query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
+        step = conn.execute(self._lock_row(query)).scalar_one_or_none()
+        if step is None or _last_pool_event(conn, experiment_id) != seq - 1:
+            raise StaleStep()
+        return int(step)
+
     @_translate_errors
     def commit_retirement(
         self, experiment_id: int, seq: int, task_idx: Sequence[int], retired: bool, now: dt.datetime
     ) -> RetirementEvent:
         with self._write() as conn:
-            query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
-            step = conn.execute(self._lock_row(query)).scalar_one_or_none()
-            if step is None or _last_pool_event(conn, experiment_id) != seq - 1:
-                raise StaleStep()
+            step = self._next_pool_event(conn, experiment_id, seq)
             rows = ((experiment_id, seq, int(i), retired, step, now) for i in task_idx)
             self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, rows)
         return RetirementEvent(seq=seq, step=step, task_idx=list(task_idx), retired=retired)
@@ -585,10 +591,7 @@ class SqlStore(Store):
         self, experiment_id: int, seq: int, shares: Mapping[str, tuple[float, float]], now: dt.datetime
     ) -> SharesEvent:
         with self._write() as conn:
-            query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
-            step = conn.execute(self._lock_row(query)).scalar_one_or_none()
-            if step is None or _last_pool_event(conn, experiment_id) != seq - 1:
-                raise StaleStep()
+            step = self._next_pool_event(conn, experiment_id, seq)
             conn.execute(
                 t.group_shares.insert().values(
                     experiment_id=experiment_id, seq=seq, shares=_shares_json(shares), step=step, create_time=now
