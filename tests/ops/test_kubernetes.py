@@ -174,9 +174,12 @@ def test_dev_overlay_runs_the_image_make_dev_image_builds_and_loads(rendered: di
         assert container["image"] == dev_image, container["name"]
         assert container["imagePullPolicy"] == "Never", container["name"]
     for cluster, load in (("kind", f"kind load docker-image {dev_image}"), ("minikube", f"minikube image load {dev_image}")):
+        # Not the variables of a `make test` around this run: a sub-make
+        # would announce its directory.
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
         recipe = subprocess.run(
-            ["make", "--dry-run", "dev-image", f"DEV_CLUSTER={cluster}"],
-            cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+            ["make", "--no-print-directory", "--dry-run", "dev-image", f"DEV_CLUSTER={cluster}"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
         ).stdout.splitlines()  # fmt: skip
         assert recipe[0] == f"docker build --tag {dev_image} ."
         assert recipe[1].startswith(load)

@@ -66,6 +66,8 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     trace.set_tracer_provider(provider)
     assert tracing.enabled()
     yield exporter
+    # Later tests in this worker may run in-process servers: drop their spans.
+    provider.shutdown()
     exporter.clear()
 
 
