@@ -34,14 +34,14 @@ def seed_experiment(store: SqlStore) -> None:
     tables.reflect(store.engine)
     t = tables.tables
     with store.engine.begin() as conn:
-        conn.execute(
-            t["experiments"].insert().values(
-                id=1, name="old", strategy="bots", target_success=0.5, forgetting=0.1, implicit_weight=0.1,
-                rollouts_per_task=16, selection_mode="thompson", temperature=1.0, weak_feature="w", strong_feature="s",
-                prior_alpha=1.0, prior_beta=1.0, seed=0, lease_ttl_seconds=3600.0, capability_ema=0.9,
-                step=2, num_tasks=3, create_time=NOW,
-            )
+        settings = dict(
+            strategy="bots", target_success=0.5, forgetting=0.1, implicit_weight=0.1, rollouts_per_task=16,
+            selection_mode="thompson", temperature=1.0, weak_feature="w", strong_feature="s", prior_alpha=1.0,
+            prior_beta=1.0, seed=0, lease_ttl_seconds=3600.0, capability_ema=0.9,
         )  # fmt: skip
+        if "config" in t["experiments"].c:  # revision 0003 on: one JSON object
+            settings = {"config": json.dumps(settings, sort_keys=True)}
+        conn.execute(t["experiments"].insert().values(id=1, name="old", step=2, num_tasks=3, create_time=NOW, **settings))
         conn.execute(
             t["tasks"].insert(),
             [{"experiment_id": 1, "task_idx": i, "key": f"k{i}", "features": json.dumps({"w": 0.1, "s": 0.6})} for i in range(3)],
