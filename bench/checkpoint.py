@@ -64,16 +64,25 @@ def seed(url: str, name: str, n: int) -> None:
         store.close()
 
 
-def cycle(client: Any, name: str, rng: np.random.Generator, batch: int) -> tuple[float, float]:
+def cycle(
+    client: Any, name: str, rng: np.random.Generator, batch: int, calls: list[tuple[float, float]] | None = None
+) -> tuple[float, float]:
+    """One select+report; `calls` gets each call's (start, end) wall-clock time."""
     t0 = time.perf_counter()
+    w0 = time.time()
     selected = client.select_batch(name, batch, f"c-{uuid.uuid4().hex}")
     t1 = time.perf_counter()
+    if calls is not None:
+        calls.append((w0, time.time()))
     outcomes = {
         k: (float(s), ROLLOUTS)
         for k, s in zip(selected.keys, rng.integers(0, ROLLOUTS + 1, len(selected.keys)).tolist(), strict=True)
     }
     t2 = time.perf_counter()
+    w2 = time.time()
     client.report_outcomes(name, selected.batch_id, outcomes)
+    if calls is not None:
+        calls.append((w2, time.time()))
     return t1 - t0, time.perf_counter() - t2
 
 
@@ -124,9 +133,10 @@ def run_once(backend: str, url: str, n: int, args: argparse.Namespace) -> dict[s
     try:
         selects: list[float] = []
         reports: list[float] = []
+        calls: list[tuple[float, float]] = []
         with bots_client.Client(server.address, timeout=600) as client:
             for _ in range(args.steps):
-                s, r = cycle(client, name, rng, args.batch)
+                s, r = cycle(client, name, rng, args.batch, calls)
                 selects.append(s)
                 reports.append(r)
             # Let the last background checkpoint finish before stopping, so
@@ -136,6 +146,7 @@ def run_once(backend: str, url: str, n: int, args: argparse.Namespace) -> dict[s
             while time.monotonic() < deadline and len(_checkpoints(server)) < want:
                 time.sleep(0.1)
         out["checkpoint_s"] = _checkpoints(server)
+        out.update(_overlap(server, calls))
         out["select"] = common.percentiles(selects)
         out["report"] = common.percentiles(reports)
         started = time.perf_counter()
@@ -159,12 +170,30 @@ def run_once(backend: str, url: str, n: int, args: argparse.Namespace) -> dict[s
     log(
         f"    {backend} {n:>9,}: checkpoints {[round(s, 2) for s in out['checkpoint_s']]} s; select p50/max "
         f"{out['select']['p50']:.0f}/{out['select']['max']:.0f} ms, report p50/max {out['report']['p50']:.0f}/"
-        f"{out['report']['max']:.0f} ms; graceful stop {out['graceful_stop_s']:.2f} s; restart "
+        f"{out['report']['max']:.0f} ms; calls during checkpoints p50 {out['calls_during_checkpoint']['p50']:.0f} ms "
+        f"(n={out['calls_during_checkpoint']['n']}), otherwise {out['calls_otherwise']['p50']:.0f} ms; graceful stop {out['graceful_stop_s']:.2f} s; restart "
         f"{restart['first_cycle_s']:.2f} s (server CPU {restart['first_cycle_cpu_s']:.2f} s); after SIGKILL "
         f"{crash['first_cycle_s']:.2f} s (CPU {crash['first_cycle_cpu_s']:.2f} s) "
         f"({crash['replayed_steps']} steps replayed); {restart['rss_bytes_per_task']:.0f} B/task"
     )
     return out
+
+
+def _overlap(server: Any, calls: list[tuple[float, float]]) -> dict[str, Any]:
+    """Call latencies (select and report alike) of the calls that overlapped a
+    background checkpoint (its window: the log line's time minus its
+    seconds) against those that did not: what a checkpoint costs the calls
+    running meanwhile, under whatever load the machine has."""
+    windows = []
+    for e in server.log_lines:
+        if e.get("message") == "checkpoint written":
+            end = dt.datetime.fromisoformat(str(e["time"]).replace("Z", "+00:00")).timestamp()
+            windows.append((end - float(e["seconds"]), end))
+    during, other = [], []
+    for start, end in calls:
+        overlapped = any(start < w_end and end > w_start for w_start, w_end in windows)
+        (during if overlapped else other).append(end - start)
+    return {"calls_during_checkpoint": common.percentiles(during), "calls_otherwise": common.percentiles(other)}
 
 
 def _checkpoints(server: Any) -> list[float]:
@@ -175,8 +204,9 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
     """Medians and ranges over the repeats, per backend and pool."""
     lines = [
         "| backend | pool | runs | checkpoint s (median, range) | select p50 / max ms | report p50 / max ms "
+        "| calls during a checkpoint p50 / max ms | other calls p50 / max ms "
         "| graceful stop s | restart (rebuild) s | its server CPU s | after SIGKILL s | its server CPU s | B/task |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in runs:
@@ -192,6 +222,9 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
             f"| {backend} | {pool:,} | {len(rs)} | {fmt([c for r in rs for c in r['checkpoint_s']])} "
             f"| {fmt([r['select']['p50'] for r in rs], 0)} / {fmt([r['select']['max'] for r in rs], 0)} "
             f"| {fmt([r['report']['p50'] for r in rs], 0)} / {fmt([r['report']['max'] for r in rs], 0)} "
+            f"| {fmt([r['calls_during_checkpoint']['p50'] for r in rs], 0)} / "
+            f"{fmt([r['calls_during_checkpoint']['max'] for r in rs], 0)} "
+            f"| {fmt([r['calls_otherwise']['p50'] for r in rs], 0)} / {fmt([r['calls_otherwise']['max'] for r in rs], 0)} "
             f"| {fmt([r['graceful_stop_s'] for r in rs])} | {fmt([r['restart']['first_cycle_s'] for r in rs])} "
             f"| {fmt([r['restart'].get('first_cycle_cpu_s', math.nan) for r in rs])} "
             f"| {fmt([r['crash_restart']['first_cycle_s'] for r in rs])} "
