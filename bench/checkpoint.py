@@ -32,6 +32,7 @@ import argparse
 import datetime as dt
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -149,9 +150,16 @@ def run_once(backend: str, url: str, n: int, args: argparse.Namespace) -> dict[s
         out.update(_overlap(server, calls))
         out["select"] = common.percentiles(selects)
         out["report"] = common.percentiles(reports)
+        # The server's CPU seconds while stopping: its whole life's (from the
+        # children's rusage once reaped) minus what it had used before.
+        lived = cpu_seconds(server.proc.pid)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         server.stop()
         out["graceful_stop_s"] = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        whole = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+        out["graceful_stop_cpu_s"] = whole - lived
     finally:
         server.kill()
 
@@ -171,7 +179,8 @@ def run_once(backend: str, url: str, n: int, args: argparse.Namespace) -> dict[s
         f"    {backend} {n:>9,}: checkpoints {[round(s, 2) for s in out['checkpoint_s']]} s; select p50/max "
         f"{out['select']['p50']:.0f}/{out['select']['max']:.0f} ms, report p50/max {out['report']['p50']:.0f}/"
         f"{out['report']['max']:.0f} ms; calls during checkpoints p50 {out['calls_during_checkpoint']['p50']:.0f} ms "
-        f"(n={out['calls_during_checkpoint']['n']}), otherwise {out['calls_otherwise']['p50']:.0f} ms; graceful stop {out['graceful_stop_s']:.2f} s; restart "
+        f"(n={out['calls_during_checkpoint']['n']}), otherwise {out['calls_otherwise']['p50']:.0f} ms; graceful stop "
+        f"{out['graceful_stop_s']:.2f} s (server CPU {out['graceful_stop_cpu_s']:.2f} s); restart "
         f"{restart['first_cycle_s']:.2f} s (server CPU {restart['first_cycle_cpu_s']:.2f} s); after SIGKILL "
         f"{crash['first_cycle_s']:.2f} s (CPU {crash['first_cycle_cpu_s']:.2f} s) "
         f"({crash['replayed_steps']} steps replayed); {restart['rss_bytes_per_task']:.0f} B/task"
@@ -205,8 +214,8 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| backend | pool | runs | checkpoint s (median, range) | select p50 / max ms | report p50 / max ms "
         "| calls during a checkpoint p50 / max ms | other calls p50 / max ms "
-        "| graceful stop s | restart (rebuild) s | its server CPU s | after SIGKILL s | its server CPU s | B/task |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| graceful stop s | its server CPU s | restart (rebuild) s | its server CPU s | after SIGKILL s | its server CPU s | B/task |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in runs:
@@ -225,7 +234,8 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
             f"| {fmt([r['calls_during_checkpoint']['p50'] for r in rs], 0)} / "
             f"{fmt([r['calls_during_checkpoint']['max'] for r in rs], 0)} "
             f"| {fmt([r['calls_otherwise']['p50'] for r in rs], 0)} / {fmt([r['calls_otherwise']['max'] for r in rs], 0)} "
-            f"| {fmt([r['graceful_stop_s'] for r in rs])} | {fmt([r['restart']['first_cycle_s'] for r in rs])} "
+            f"| {fmt([r['graceful_stop_s'] for r in rs])} | {fmt([r.get('graceful_stop_cpu_s', math.nan) for r in rs])} "
+            f"| {fmt([r['restart']['first_cycle_s'] for r in rs])} "
             f"| {fmt([r['restart'].get('first_cycle_cpu_s', math.nan) for r in rs])} "
             f"| {fmt([r['crash_restart']['first_cycle_s'] for r in rs])} "
             f"| {fmt([r['crash_restart'].get('first_cycle_cpu_s', math.nan) for r in rs])} "
