@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import math
 import os
 import resource
@@ -244,6 +245,53 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+# (label, how to read one run's values) for the before/after comparison.
+METRICS: list[tuple[str, Any]] = [
+    ("background checkpoint, s", lambda r: r["checkpoint_s"]),
+    (
+        "calls overlapping a checkpoint, p50 ms",
+        lambda r: [r["calls_during_checkpoint"]["p50"]] if "calls_during_checkpoint" in r else [],
+    ),
+    (
+        "calls overlapping a checkpoint, max ms",
+        lambda r: [r["calls_during_checkpoint"]["max"]] if "calls_during_checkpoint" in r else [],
+    ),
+    ("other calls, p50 ms", lambda r: [r["calls_otherwise"]["p50"]] if "calls_otherwise" in r else []),
+    ("graceful stop, s", lambda r: [r["graceful_stop_s"]]),
+    ("graceful stop, server CPU s", lambda r: [r["graceful_stop_cpu_s"]] if "graceful_stop_cpu_s" in r else []),
+    ("first call after restart (rebuild), s", lambda r: [r["restart"]["first_cycle_s"]]),
+    ("its server CPU, s", lambda r: [r["restart"]["first_cycle_cpu_s"]] if "first_cycle_cpu_s" in r["restart"] else []),
+    ("first call after SIGKILL (rebuild + replay), s", lambda r: [r["crash_restart"]["first_cycle_s"]]),
+    (
+        "its server CPU, s ",
+        lambda r: [r["crash_restart"]["first_cycle_cpu_s"]] if "first_cycle_cpu_s" in r["crash_restart"] else [],
+    ),
+    ("server memory after restart, B/task", lambda r: [r["restart"]["rss_bytes_per_task"]]),
+]
+
+
+def compare(before: list[Path], after: list[Path]) -> list[str]:
+    """Before/after per backend: the median over every run's values (range)."""
+
+    def runs(paths: list[Path]) -> list[dict[str, Any]]:
+        return [r for p in paths for r in json.loads(p.read_text())["runs"]]
+
+    old, new = runs(before), runs(after)
+    lines = ["| backend | measure | before: median (range) | after: median (range) |", "|---|---|---|---|"]
+    for backend in dict.fromkeys(r["backend"] for r in old + new):
+        for label, read in METRICS:
+            cells = []
+            for group in (old, new):
+                values = [float(v) for r in group if r["backend"] == backend for v in read(r)]
+                cells.append(
+                    f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}), n={len(values)}"
+                    if values
+                    else "not measured"
+                )
+            lines.append(f"| {backend} | {label.strip()} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", default="sqlite,postgresql")
@@ -254,11 +302,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--crash-steps", type=int, default=5, help="cycles past the checkpoint before SIGKILL")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--output", default=str(common.RESULTS / "checkpoint.json"))
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help="print the before/after table of two comma-separated lists of result files, and exit",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.compare:
+        before, after = ([Path(p) for p in group.split(",")] for group in args.compare)
+        print("\n".join(compare(before, after)))
+        return 0
     machine = common.machine_info()
     log(f"Machine: {common.machine_line(machine)}")
     runs = []
