@@ -47,8 +47,8 @@ if __package__ in (None, ""):  # `python bench/checkpoint.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.perf import ROLLOUTS, log, reference_rates, server_config
 from bench.perf import _cpu_seconds as cpu_seconds
+from bench.perf import log, random_outcomes, reference_rates, server_config
 
 
 def seed(url: str, name: str, n: int) -> None:
@@ -76,10 +76,7 @@ def cycle(
     t1 = time.perf_counter()
     if calls is not None:
         calls.append((w0, time.time()))
-    outcomes = {
-        k: (float(s), ROLLOUTS)
-        for k, s in zip(selected.keys, rng.integers(0, ROLLOUTS + 1, len(selected.keys)).tolist(), strict=True)
-    }
+    outcomes = random_outcomes(selected.keys, rng)
     t2 = time.perf_counter()
     w2 = time.time()
     client.report_outcomes(name, selected.batch_id, outcomes)

@@ -229,10 +229,7 @@ def interleaved_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str
                 t0 = time.perf_counter()
                 batch = client.select_batch(name, cfg.batch_size, f"inter-{i}")
                 t1 = time.perf_counter()
-                outcomes = {
-                    k: (float(s), ROLLOUTS)
-                    for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-                }
+                outcomes = random_outcomes(batch.keys, rng)
                 t2 = time.perf_counter()
                 client.report_outcomes(name, batch.batch_id, outcomes)
                 t3 = time.perf_counter()
@@ -382,10 +379,7 @@ def socket_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str, Any
                 batch = client.select_batch(name, cfg.batch_size, f"bench-{i}")
                 t1 = time.perf_counter()
                 io1, wal1 = common.io_counters(pid), probe.wal_lsn()
-                outcomes = {
-                    k: (float(s), ROLLOUTS)
-                    for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-                }
+                outcomes = random_outcomes(batch.keys, rng)
                 t2 = time.perf_counter()
                 client.report_outcomes(name, batch.batch_id, outcomes)
                 t3 = time.perf_counter()
@@ -445,13 +439,15 @@ def socket_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str, Any
     return out
 
 
+def random_outcomes(keys: Sequence[str], rng: np.random.Generator) -> dict[str, tuple[float, int]]:
+    """Uniformly random successes out of ROLLOUTS trials for each key."""
+    successes = rng.integers(0, ROLLOUTS + 1, len(keys)).tolist()
+    return {k: (float(s), ROLLOUTS) for k, s in zip(keys, successes, strict=True)}
+
+
 def _cycle(client: Any, name: str, key: str, rng: np.random.Generator, batch_size: int) -> None:
     batch = client.select_batch(name, batch_size, key)
-    outcomes = {
-        k: (float(s), ROLLOUTS)
-        for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-    }
-    client.report_outcomes(name, batch.batch_id, outcomes)
+    client.report_outcomes(name, batch.batch_id, random_outcomes(batch.keys, rng))
 
 
 def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Generator, crash: bool) -> dict[str, Any]:
@@ -550,10 +546,7 @@ async def _throughput_level(address: str, names: Sequence[str], cfg: PerfConfig,
                 t0 = time.perf_counter()
                 batch = await client.select_batch(name, cfg.batch_size)
                 t1 = time.perf_counter()
-                outcomes = {
-                    k: (float(s), ROLLOUTS)
-                    for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-                }
+                outcomes = random_outcomes(batch.keys, rng)
                 t2 = time.perf_counter()
                 await client.report_outcomes(name, batch.batch_id, outcomes)
                 t3 = time.perf_counter()
