@@ -55,7 +55,7 @@ from bench import common
 
 BATCH = 256
 ROLLOUTS = 16
-TABLES = ("experiments", "tasks", "checkpoints", "posteriors", "steps", "outcomes", "batches", "batch_tasks")
+TABLES = ("experiments", "tasks", "checkpoints", "steps", "outcomes", "batches", "batch_tasks")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class PerfConfig:
     breakdown_steps: int = 60
     history_batches: tuple[int, ...] = (0, 1000, 5000)
     contention_seconds: float = 8.0
+    repeats: int = 3  # interleaved runs per backend and pool
 
     def steps_for(self, pool: int) -> int:
         table = dict(self.steps)
@@ -88,6 +89,7 @@ QUICK = PerfConfig(
     breakdown_steps=30,
     history_batches=(0, 1000),
     contention_seconds=3.0,
+    repeats=2,
 )
 
 
@@ -168,6 +170,124 @@ def engine_baseline(n: int, batch: int, steps: int) -> dict[str, Any]:
         "update": common.percentiles(t_update),
         "step": common.percentiles(t_step),
     }
+
+
+class EngineStep:
+    """The in-process reference step (select B + apply_outcomes, as the
+    server runs them) on its own copy of a pool, one step per call, so that
+    it can be timed interleaved with the socket calls on the same pool."""
+
+    def __init__(self, n: int, batch: int) -> None:
+        from bots_server.engine import EngineParams, PosteriorState
+
+        self.params = EngineParams.of(experiment_config())
+        weak, strong = reference_rates(n)
+        self.state = PosteriorState.from_prior(self.params, weak, strong)
+        self.available = np.ones(n, dtype=bool)
+        self.batch = batch
+        self.rng = np.random.default_rng(1)
+        self.i = 0
+
+    def step(self) -> float:
+        """One step; its seconds."""
+        from bots_server.engine import apply_outcomes, select, step_rng
+
+        outcomes = self.rng.integers(0, ROLLOUTS + 1, self.batch).astype(np.float64)
+        started = time.perf_counter()
+        rng = step_rng(7, self.i, f"e-{self.i}")
+        chosen = select(self.params, self.state.alpha, self.state.beta, self.available, self.batch, rng)
+        idx = np.sort(chosen)
+        self.state = apply_outcomes(self.params, self.state, idx, outcomes, np.full(self.batch, float(ROLLOUTS))).state
+        self.i += 1
+        return time.perf_counter() - started
+
+
+def interleaved_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str, Any]:
+    """The round trip against the reference step, honestly: each socket
+    select+report alternates with one in-process engine step on the same
+    pool in this process (which goes first alternates too), so load that
+    comes and goes hits both alike. Also the server's CPU seconds per step."""
+    import bots_client
+
+    server = common.server_process(url).start()
+    engine = EngineStep(n, cfg.batch_size)
+    rng = np.random.default_rng(2)
+    name = f"inter-{n}"
+    try:
+        with bots_client.Client(server.address, timeout=600) as client:
+            client.create_experiment(name, experiment_config())
+            client.add_tasks(name, make_tasks(n))
+            for i in range(3):  # warm-up, both sides
+                _cycle(client, name, f"warm-{i}", rng, cfg.batch_size)
+                engine.step()
+            steps = cfg.steps_for(n)
+            trips, selects, reports, reference = [], [], [], []
+            cpu0 = _cpu_seconds(server.proc.pid)
+            for i in range(steps):
+                if i % 2:
+                    reference.append(engine.step())
+                t0 = time.perf_counter()
+                batch = client.select_batch(name, cfg.batch_size, f"inter-{i}")
+                t1 = time.perf_counter()
+                outcomes = random_outcomes(batch.keys, rng)
+                t2 = time.perf_counter()
+                client.report_outcomes(name, batch.batch_id, outcomes)
+                t3 = time.perf_counter()
+                if not i % 2:
+                    reference.append(engine.step())
+                selects.append(t1 - t0)
+                reports.append(t3 - t2)
+                trips.append((t1 - t0) + (t3 - t2))
+            cpu = _cpu_seconds(server.proc.pid) - cpu0
+    finally:
+        server.stop()
+    trip, ref = common.percentiles(trips), common.percentiles(reference)
+    out = {
+        "backend": backend,
+        "pool": n,
+        "steps": steps,
+        "round_trip": trip,
+        "select": common.percentiles(selects),
+        "report": common.percentiles(reports),
+        "reference_step": ref,
+        "ratio_p50": trip["p50"] / ref["p50"],
+        "p99_over_p50": trip["p99"] / trip["p50"],
+        # Includes the background checkpoints the run triggers (every 100 steps by default).
+        "server_cpu_ms_per_step": cpu / steps * 1e3,
+    }
+    log(
+        f"    {backend} {n:>9,}: round trip p50 {trip['p50']:.1f} ms (p99 {trip['p99']:.1f}), reference step p50 "
+        f"{ref['p50']:.1f} ms: {out['ratio_p50']:.2f}x; server CPU {out['server_cpu_ms_per_step']:.1f} ms/step"
+    )
+    return out
+
+
+def _interleaved_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Medians and ranges over the repeated runs, per backend and pool."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["backend"], r["pool"]), []).append(r)
+
+    def spread(values: list[float], digits: int = 1) -> str:
+        return f"{float(np.median(values)):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+    lines = [
+        (
+            "Round trip (SelectBatch + ReportOutcomes over the socket) against the in-process reference step "
+            "(select + update), timed alternately in the same process on the same pool; median over the runs "
+            "(min-max):"
+        ),
+        "",
+        "| backend | pool | runs x steps | round trip p50 ms | reference step p50 ms | ratio | round trip p99 / p50 | server CPU ms per step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (backend, pool), rs in groups.items():
+        lines.append(
+            f"| {backend} | {pool:,} | {len(rs)} x {rs[0]['steps']} | {spread([r['round_trip']['p50'] for r in rs])} "
+            f"| {spread([r['reference_step']['p50'] for r in rs])} | {spread([r['ratio_p50'] for r in rs], 2)}x "
+            f"| {spread([r['p99_over_p50'] for r in rs], 2)} | {spread([r['server_cpu_ms_per_step'] for r in rs])} |"
+        )
+    return lines + [""]
 
 
 # -- database probes ---------------------------------------------------------------------------
@@ -259,10 +379,7 @@ def socket_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str, Any
                 batch = client.select_batch(name, cfg.batch_size, f"bench-{i}")
                 t1 = time.perf_counter()
                 io1, wal1 = common.io_counters(pid), probe.wal_lsn()
-                outcomes = {
-                    k: (float(s), ROLLOUTS)
-                    for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-                }
+                outcomes = random_outcomes(batch.keys, rng)
                 t2 = time.perf_counter()
                 client.report_outcomes(name, batch.batch_id, outcomes)
                 t3 = time.perf_counter()
@@ -322,13 +439,15 @@ def socket_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str, Any
     return out
 
 
+def random_outcomes(keys: Sequence[str], rng: np.random.Generator) -> dict[str, tuple[float, int]]:
+    """Uniformly random successes out of ROLLOUTS trials for each key."""
+    successes = rng.integers(0, ROLLOUTS + 1, len(keys)).tolist()
+    return {k: (float(s), ROLLOUTS) for k, s in zip(keys, successes, strict=True)}
+
+
 def _cycle(client: Any, name: str, key: str, rng: np.random.Generator, batch_size: int) -> None:
     batch = client.select_batch(name, batch_size, key)
-    outcomes = {
-        k: (float(s), ROLLOUTS)
-        for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-    }
-    client.report_outcomes(name, batch.batch_id, outcomes)
+    client.report_outcomes(name, batch.batch_id, random_outcomes(batch.keys, rng))
 
 
 def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Generator, crash: bool) -> dict[str, Any]:
@@ -427,10 +546,7 @@ async def _throughput_level(address: str, names: Sequence[str], cfg: PerfConfig,
                 t0 = time.perf_counter()
                 batch = await client.select_batch(name, cfg.batch_size)
                 t1 = time.perf_counter()
-                outcomes = {
-                    k: (float(s), ROLLOUTS)
-                    for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-                }
+                outcomes = random_outcomes(batch.keys, rng)
                 t2 = time.perf_counter()
                 await client.report_outcomes(name, batch.batch_id, outcomes)
                 t3 = time.perf_counter()
@@ -915,7 +1031,10 @@ def rebuild_probe(url: str, n: int) -> dict[str, Any]:
         [f"task-{i:07d}" for i in range(n)],
         [{"weak": w, "strong": s} for w, s in zip(weak.tolist(), strong.tolist(), strict=True)],
     )
-    store.write_checkpoint(row.id, 1, None, [1.0] * n, [1.0] * n, now)
+    from bots_server.core.checkpoint_state import encode_state
+    from bots_server.engine import PosteriorState
+
+    store.write_checkpoint(row.id, 1, n, encode_state(PosteriorState.from_prior(config, weak, strong)), now)
     gc.collect()
     try:
         t0 = time.perf_counter()
@@ -973,6 +1092,8 @@ def _ms(p: dict[str, float]) -> str:
 
 def tables(result: dict[str, Any]) -> str:
     lines = [f"Machine: {common.machine_line(result['machine'])}.", ""]
+    if result.get("interleaved"):
+        lines += _interleaved_table(result["interleaved"])
     if result["socket"]:
         lines += _socket_tables(result)
     return "\n".join(lines + _other_tables(result)) + "\n"
@@ -1153,13 +1274,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pools", default=None, help="comma-separated pool sizes (default 10000,100000,1000000)")
     parser.add_argument("--steps", type=int, default=None, help="measured steps per pool (default depends on the pool)")
     parser.add_argument("--throughput-seconds", type=float, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved runs per backend and pool (default 3)")
     parser.add_argument(
         "--throughput-levels", default=None, help="comma-separated concurrent experiments (default 1,8,64)"
     )
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated parts to skip: socket,engine,throughput,breakdown,history,contention,rebuild",
+        help="comma-separated parts to skip: interleaved,socket,engine,throughput,breakdown,history,contention,rebuild",
     )
     parser.add_argument(
         "--out", default=None, help="JSON output (default bench/results/perf.json, perf-quick.json with --quick)"
@@ -1178,10 +1300,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, steps=tuple((p, args.steps) for p in cfg.pools))
     if args.throughput_seconds:
         cfg = dataclasses.replace(cfg, throughput_seconds=args.throughput_seconds)
+    if args.repeats:
+        cfg = dataclasses.replace(cfg, repeats=args.repeats)
     if args.throughput_levels:
         cfg = dataclasses.replace(cfg, throughput_levels=tuple(int(x) for x in args.throughput_levels.split(",")))
     skip = set(filter(None, args.skip.split(",")))
-    unknown = skip - {"socket", "engine", "throughput", "breakdown", "history", "contention", "rebuild"}
+    unknown = skip - {"interleaved", "socket", "engine", "throughput", "breakdown", "history", "contention", "rebuild"}
     if unknown:
         raise SystemExit(f"--skip: unknown parts {sorted(unknown)}")
     backends = list(cfg.backends)
@@ -1193,6 +1317,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": common.machine_info(),
         "config": dataclasses.asdict(cfg),
         "engine": [],
+        "interleaved": [],
         "socket": [],
         "throughput": [],
         "breakdown": [],
@@ -1207,6 +1332,13 @@ def main(argv: list[str] | None = None) -> int:
             log(
                 f"    {n:>9,} tasks: select {e['select']['p50']:.2f} ms, update {e['update']['p50']:.2f} ms, step {e['step']['p50']:.2f} ms"
             )
+    if "interleaved" not in skip:
+        log("round trip against the reference step, interleaved:")
+        for _ in range(cfg.repeats):
+            for backend in backends:
+                for n in cfg.pools:
+                    with common.database(backend) as url:
+                        result["interleaved"].append(interleaved_run(backend, url, n, cfg))
     for backend in backends:
         if "socket" not in skip:
             log(f"{backend}: latency, writes, restart, memory over the socket:")

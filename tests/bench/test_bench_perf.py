@@ -64,3 +64,13 @@ def test_throughput_breakdown_history_and_tables() -> None:
     result.update(throughput=[t], breakdown=[b], history=[h])
     text = perf.tables(result)
     assert "Throughput" in text and "In-process breakdown" in text and "Lease query" in text
+
+
+def test_interleaved_run_alternates_the_reference_step_with_the_socket_calls() -> None:
+    with common.database("sqlite") as url:
+        r = perf.interleaved_run("sqlite", url, 2000, TINY)
+    assert r["round_trip"]["n"] == r["reference_step"]["n"] == 6
+    assert r["ratio_p50"] == r["round_trip"]["p50"] / r["reference_step"]["p50"]
+    assert r["server_cpu_ms_per_step"] > 0
+    table = "\n".join(perf._interleaved_table([r, r]))
+    assert "| sqlite | 2,000 | 2 x 6 |" in table

@@ -13,7 +13,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 import bots_client
-from bots_server.store import open_store
+from bots_server.store import checkpoint_blob, open_store
 from bots_server.store.revisions import MIGRATIONS
 from bots_server.store.sql import SqlStore
 from tests.support.servers import ServerProcess
@@ -119,4 +119,35 @@ def test_the_config_json_revision_downgrades_and_upgrades_again(fresh_db_url: st
     store.migrate()
     with store.engine.connect() as conn:
         assert json.loads(conn.execute(sa.text("SELECT config FROM experiments")).scalar_one()) == stored
+    store.close()
+
+
+def test_the_checkpoint_blob_revision_converts_per_row_checkpoints_and_back(fresh_db_url: str) -> None:
+    """0006 turns a checkpoint's rows into one value holding what a rebuild
+    read with them (the reference rates from the features, the capability),
+    and 0006's downgrade turns it back into rows."""
+    store = open_store(fresh_db_url)
+    assert isinstance(store, SqlStore)
+    store.migrate("0005")
+    seed_experiment(store)
+    store.migrate("0006")
+    with store.engine.connect() as conn:
+        blob = conn.execute(sa.text("SELECT state FROM checkpoints WHERE experiment_id = 1")).scalar_one()
+    content = checkpoint_blob.decode(bytes(blob))
+    arrays = {name: a.tolist() for name, a in content.arrays.items()}
+    assert content.num_tasks == 3
+    assert arrays == {"alpha": [2.0, 3.0, 4.0], "beta": [3.0] * 3, "weak": [0.1] * 3, "strong": [0.6] * 3}
+    assert content.scalars == {"capability": 0.5, "rho_halvings": 0}
+    with store.engine.begin() as conn:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0005")
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT task_idx, alpha, beta FROM posteriors ORDER BY task_idx")).all()
+        capability = conn.execute(sa.text("SELECT capability FROM checkpoints")).scalar_one()
+    assert [tuple(r) for r in rows] == [(0, 2.0, 3.0), (1, 3.0, 3.0), (2, 4.0, 3.0)] and capability == 0.5
+    store.migrate()
+    with store.engine.connect() as conn:
+        assert bytes(conn.execute(sa.text("SELECT state FROM checkpoints")).scalar_one()) == bytes(blob)
     store.close()

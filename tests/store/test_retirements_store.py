@@ -47,7 +47,7 @@ def test_a_select_made_before_a_retirement_is_stale(store: SqlStore) -> None:
 def test_forks_copy_retirements_and_delete_removes_them(store: SqlStore) -> None:
     exp = experiment_with_tasks(store, "e", 4)
     store.commit_retirement(exp, 1, [0, 2], True, NOW)
-    copy = ExperimentCopy("f", {}, 0, None, [1.0] * 4, [1.0] * 4, "e", source_id=exp, retired=[2, 0])
+    copy = ExperimentCopy("f", {}, 0, None, 4, b"state", "e", source_id=exp, retired=[2, 0])
     fork = store.create_copy(copy, NOW)
     rows = store.load(fork.id)
     assert rows is not None and rows.pool_events == [RetirementEvent(1, 0, [0, 2], True)]

@@ -24,12 +24,14 @@ from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import (
     BatchAlreadyReported,
     BatchRow,
+    CheckpointRow,
     ExperimentCopy,
     LeaseConflict,
     Lookup,
     StaleStep,
     StepEvent,
     UnsupportedDatabase,
+    checkpoint_blob,
     open_store,
 )
 from bots_server.store.postgresql import PostgresStore
@@ -192,7 +194,7 @@ def test_a_taken_name_is_already_exists_and_writes_nothing(store: SqlStore) -> N
     before = count_rows(store)
     with pytest.raises(AlreadyExists, match="'taken'"):
         store.create_experiment("taken", {}, NOW)
-    copy = ExperimentCopy("taken", {}, 0, None, [1.0, 1.0], [1.0, 1.0], "taken", source_id=source)
+    copy = ExperimentCopy("taken", {}, 0, None, 2, b"state", "taken", source_id=source)
     with pytest.raises(AlreadyExists, match="'taken'"):
         store.create_copy(copy, NOW)
     assert count_rows(store) == before
@@ -201,26 +203,16 @@ def test_a_taken_name_is_already_exists_and_writes_nothing(store: SqlStore) -> N
 def test_create_copy_starts_at_the_given_posterior_and_step(store: SqlStore) -> None:
     source = store.create_experiment("source", {}, NOW)
     store.add_tasks(source.id, 0, ["x", "y", "z"], [{"w": 0.1}, {"w": 0.2}, {"w": 0.3}])
-    alpha, beta = np.array([2.0, 3.0]), np.array([4.0, 5.0])
-    fork = store.create_copy(ExperimentCopy("fork", {}, 5, 0.5, alpha, beta, "source", source_id=source.id), NOW)
-    assert (fork.step, fork.num_tasks, fork.forked_from, fork.forked_at_step) == (5, 2, "source", 5)
-    given = ExperimentCopy("restored", {}, 3, None, [1.0], [2.0], "elsewhere", keys=["q"], features=[{"w": 1.0}])
+    fork = store.create_copy(ExperimentCopy("fork", {}, 5, 0.5, 2, b"fork state", "source", source_id=source.id), NOW)
+    assert (fork.step, fork.num_tasks, fork.capability, fork.forked_from, fork.forked_at_step) == (5, 2, 0.5, "source", 5)
+    given = ExperimentCopy("restored", {}, 3, None, 1, b"restored", "elsewhere", keys=["q"], features=[{"w": 1.0}])
     restored = store.create_copy(given, NOW)
 
-    rows = store.load(fork.id)
-    assert rows is not None and rows.checkpoint is not None
-    assert (rows.keys, rows.checkpoint.step, rows.checkpoint.alpha, rows.checkpoint.beta) == (["x", "y"], 5, [2.0, 3.0], [4.0, 5.0])
-    assert (rows.checkpoint.capability, rows.events) == (0.5, [])
+    rows = store.load(fork.id, reference_features=("w", ""))
+    assert rows is not None
+    assert (rows.keys, rows.weak, rows.checkpoint, rows.events) == (["x", "y"], [], CheckpointRow(5, 2, b"fork state", NOW), [])
     assert store.load_features(fork.id, 2) == [{"w": 0.1}, {"w": 0.2}]
     assert store.load_features(restored.id, 1) == [{"w": 1.0}]
-
-
-def test_create_copy_with_unequal_alpha_and_beta_writes_nothing(store: SqlStore) -> None:
-    before = count_rows(store)
-    copy = ExperimentCopy("odd", {}, 0, None, [1.0, 1.0], [1.0], "x", keys=["a", "b"], features=[{}, {}])
-    with pytest.raises(ValueError, match="2 alpha values but 1 beta values"):
-        store.create_copy(copy, NOW)
-    assert count_rows(store) == before and store.find_experiment("odd") is None
 
 
 def test_delete_removes_every_row_of_the_experiment(store: SqlStore) -> None:
@@ -229,7 +221,7 @@ def test_delete_removes_every_row_of_the_experiment(store: SqlStore) -> None:
     gone = experiment_with_tasks(store, "gone", 2)
     store.insert_batch(gone, batch("b1", "r1", 0, [0, 1], NOW), NOW)
     store.commit_report(gone, 0, StepEvent(1, "b1", 2, [0, 1], [1.0, 0.0], [1, 1], 0.5, 0.5), NOW)
-    store.write_checkpoint(gone, 1, 0.5, np.array([1.0, 2.0]), np.array([2.0, 1.0]), NOW)
+    store.write_checkpoint(gone, 1, 2, b"state", NOW)
     assert store.delete_experiment(gone)
     assert count_rows(store) == baseline
 
@@ -264,13 +256,14 @@ def test_load_rebuilds_from_the_checkpoint_and_the_events_after_it(store: SqlSto
     for step in (1, 2, 3):
         store.insert_batch(row.id, batch(f"b{step}", f"r{step}", step - 1, [step - 1]), NOW)
         store.commit_report(row.id, step - 1, event(step, f"b{step}", 3, [step - 1]), NOW)
-    store.write_checkpoint(row.id, 1, 0.5, np.array([2.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.0]), NOW)
+    store.write_checkpoint(row.id, 1, 1, b"state of task a", NOW)
 
     rows = store.load(row.id, reference_features=("w", "s"))
-    assert rows is not None and rows.checkpoint is not None
-    assert (rows.experiment.step, rows.experiment.capability, rows.checkpoint.step) == (3, 0.5, 1)
-    assert (rows.checkpoint.alpha, rows.checkpoint.create_time) == ([2.0, 1.0, 1.0], NOW)
-    assert (rows.keys, rows.weak, rows.strong) == (["a", "b", "c"], [0.1, 0.2, None], [0.9, None, None])
+    assert rows is not None
+    assert (rows.experiment.step, rows.experiment.capability) == (3, 0.5)
+    assert rows.checkpoint == CheckpointRow(1, 1, b"state of task a", NOW)
+    # Every key; the reference features only of the tasks after the checkpoint's.
+    assert (rows.keys, rows.weak, rows.strong) == (["a", "b", "c"], [0.2, None], [None, None])
     assert rows.events == [event(2, "b2", 3, [1]), event(3, "b3", 3, [2])]
     assert (rows.batch, rows.leased) == (None, None)
 
@@ -295,20 +288,51 @@ def test_load_looks_up_batches_and_leases_in_the_same_read(store: SqlStore) -> N
     assert store.count_open_batches(experiment, NOW) == 1
 
 
-def test_checkpoints_only_move_forward_and_are_plain_rows(store: SqlStore) -> None:
+def test_checkpoints_only_move_forward_and_are_one_value(store: SqlStore) -> None:
     row = store.create_experiment("plain", {}, NOW)
+    assert store.load(row.id).checkpoint == CheckpointRow(0, 0, b"", NOW)  # empty until the first one
     store.add_tasks(row.id, 0, ["x", "y"], [{}, {}])
-    assert store.write_checkpoint(row.id, 3, 0.25, np.array([2.5, 1.0]), np.array([1.5, 4.0]), NOW)
+    assert store.write_checkpoint(row.id, 3, 2, b"at step 3", NOW)
     before = count_rows(store)
-    assert not store.write_checkpoint(row.id, 2, None, np.array([9.0, 9.0]), np.array([9.0, 9.0]), NOW)  # older
-    assert not store.write_checkpoint(row.id, 3, None, np.array([9.0, 9.0]), np.array([9.0, 9.0]), NOW)  # same step
+    assert not store.write_checkpoint(row.id, 2, 2, b"older", LATER)
+    assert not store.write_checkpoint(row.id, 3, 2, b"same step", LATER)
     assert count_rows(store) == before
-    with store.engine.connect() as conn:
-        rows = conn.exec_driver_sql(
-            "SELECT task_key, alpha, beta, mean, checkpoint_step FROM task_posteriors "
-            "WHERE experiment = 'plain' ORDER BY task_key"
-        ).all()
-    assert [tuple(r) for r in rows] == [("x", 2.5, 1.5, 2.5 / 4.0, 3), ("y", 1.0, 4.0, 0.2, 3)]
+    assert store.load(row.id).checkpoint == CheckpointRow(3, 2, b"at step 3", NOW)
+    assert store.write_checkpoint(row.id, 4, 2, b"at step 4", LATER)
+    assert count_rows(store) == before  # replaced in place: no row per task
+    assert store.load(row.id).checkpoint == CheckpointRow(4, 2, b"at step 4", LATER)
+
+
+def test_postgresql_view_reads_the_checkpointed_posterior_exactly(fresh_pg_url: str) -> None:
+    store = open_sql_store(fresh_pg_url)
+    store.migrate()
+    try:
+        row = store.create_experiment("view", {}, NOW)
+        store.add_tasks(row.id, 0, ["x", "y", "z", "later"], [{}] * 4)
+        # Values whose decoding is easy to get wrong: a repeating binary
+        # fraction, the smallest subnormal, a large exponent.
+        alpha = np.array([0.1, 5e-324, 2.5])
+        beta = np.array([1.5, 1.0, 1e300])
+        weak = np.full(3, np.nan)
+        state = checkpoint_blob.encode(3, {"weak": weak, "alpha": alpha, "beta": beta}, {"capability": 0.25})
+        assert store.write_checkpoint(row.id, 7, 3, state, NOW)
+        with store.engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT task_key, alpha, beta, mean, checkpoint_step FROM task_posteriors "
+                "WHERE experiment = 'view' ORDER BY task_key"
+            ).all()
+            header = conn.exec_driver_sql(
+                "SELECT bots_checkpoint_header(state) -> 'scalars' -> 'capability' ->> 'value' FROM checkpoints"
+            ).scalar_one()
+        means = alpha / (alpha + beta)
+        assert [tuple(r) for r in rows] == [
+            ("x", 0.1, 1.5, means[0], 7),
+            ("y", 5e-324, 1.0, means[1], 7),
+            ("z", 2.5, 1e300, means[2], 7),
+        ]  # "later" is not in the checkpoint yet
+        assert float.fromhex(header) == 0.25
+    finally:
+        store.close()
 
 
 # -- batches and reports -------------------------------------------------------------------------

@@ -1,15 +1,18 @@
-"""Checkpoints: every posterior row of an experiment written as of one step,
-so a restart replays only the events after it. Written in the background,
-every N steps or T seconds, and for every experiment at shutdown."""
+"""Checkpoints: an experiment's whole state written as of one step, as one
+value, so a restart replays only the events after it. Written in the
+background, every N steps or T seconds, and for every experiment at
+shutdown; off the experiment's lock (the state's arrays are never changed in
+place, so encoding them while calls go on is safe), and nothing the write
+locks is taken by selects or reports."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 
+from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.runtime import Runtime
 
@@ -49,12 +52,10 @@ class Checkpoints:
         if step <= live.checkpoint_step:
             return
         runtime = self.runtime
-        capability = None if math.isnan(state.capability) else state.capability
         started = time.perf_counter()
         try:
-            await runtime.db(
-                runtime.store.write_checkpoint, live.id, step, capability, state.alpha, state.beta, runtime.clock()
-            )
+            blob = await runtime.run(encode_state, state)
+            await runtime.db(runtime.store.write_checkpoint, live.id, step, state.num_tasks, blob, runtime.clock())
         except Exception:
             log.exception("checkpoint failed", extra={"experiment": live.name, "step": step})
             return
@@ -64,7 +65,13 @@ class Checkpoints:
         runtime.notify(runtime.observer.checkpoint_written, live.name, step, seconds)
         log.info(
             "checkpoint written",
-            extra={"experiment": live.name, "step": step, "num_tasks": state.num_tasks, "seconds": round(seconds, 3)},
+            extra={
+                "experiment": live.name,
+                "step": step,
+                "num_tasks": state.num_tasks,
+                "bytes": len(blob),
+                "seconds": round(seconds, 3),
+            },
         )
 
     def due(self) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bots_server.core.checkpoint_state import decode_state
 from bots_server.core.domain import ExperimentConfig
 from bots_server.engine import PosteriorState, apply_outcomes
 from bots_server.engine.quotas import GroupQuotas
@@ -75,21 +76,22 @@ class LiveExperiment:
 
     def reference_rates(self, features: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
         """Weak and strong reference pass rates of new tasks; NaN where missing."""
-        weak_name, strong_name = self.config.reference_features
-        weak = np.array([f.get(weak_name, math.nan) if weak_name else math.nan for f in features], dtype=np.float64)
-        strong = np.array([f.get(strong_name, math.nan) if strong_name else math.nan for f in features], dtype=np.float64)
-        return weak, strong
+        return reference_rates(self.config, features)
 
     def append_tasks(
         self, keys: Sequence[str], weak: np.ndarray, strong: np.ndarray, groups: Sequence[str] | None = None
     ) -> None:
         """New tasks at the prior; `weak`/`strong` their reference pass rates
         (NaN: none); `groups` their groups ("" or None: none)."""
+        self._take_keys(keys, groups)
+        self.state = self.state.extended(self.config, weak, strong)
+
+    def _take_keys(self, keys: Sequence[str], groups: Sequence[str] | None) -> None:
+        """The keys and groups of tasks whose posterior `state` holds or is about to."""
         start = len(self.keys)
         self.key_characters += sum(map(len, keys))
         self.keys.extend(keys)
         self.index.update((key, start + i) for i, key in enumerate(keys))
-        self.state = self.state.extended(self.config, weak, strong)
         self.retired = np.concatenate([self.retired, np.zeros(len(keys), dtype=bool)])
         numbers = [self._group_number(g) for g in (groups or [""] * len(keys))]
         self.group_of = np.concatenate([self.group_of, np.asarray(numbers, dtype=np.int64)])
@@ -180,10 +182,19 @@ class LiveExperiment:
 
     @classmethod
     def rebuild(cls, rows: LoadedRows, config: ExperimentConfig) -> LiveExperiment:
-        """The last checkpoint plus a replay of every event after it."""
+        """The last checkpoint, the tasks added after it, and a replay of
+        every event after it."""
         checkpoint = rows.checkpoint
         assert checkpoint is not None
         exp = rows.experiment
+        state = decode_state(checkpoint.state, config)
+        covered = checkpoint.num_tasks
+        if state.num_tasks != covered or len(rows.keys) != covered + len(rows.weak):
+            raise RuntimeError(
+                f"experiment {exp.name!r}: checkpoint of {state.num_tasks} tasks (row: {covered}), "
+                f"{len(rows.keys)} keys, {len(rows.weak)} tasks after it"
+            )
+        groups = rows.groups or [""] * len(rows.keys)
         live = cls(
             id=exp.id,
             name=exp.name,
@@ -191,21 +202,24 @@ class LiveExperiment:
             create_time=exp.create_time,
             keys=[],
             index={},
-            state=PosteriorState.from_prior(config, np.empty(0), np.empty(0)),
+            state=state,
             step=checkpoint.step,
             checkpoint_step=checkpoint.step,
         )
-        live.append_loaded(rows)
-        n = len(checkpoint.alpha)
-        alpha = live.state.alpha.copy()
-        beta = live.state.beta.copy()
-        alpha[:n] = checkpoint.alpha
-        beta[:n] = checkpoint.beta
-        capability = math.nan if checkpoint.capability is None else checkpoint.capability
-        live.state = PosteriorState(alpha, beta, live.state.weak, live.state.strong, capability)
+        live._take_keys(rows.keys[:covered], groups[:covered])
+        if len(rows.keys) > covered:
+            live.append_tasks(rows.keys[covered:], _floats(rows.weak), _floats(rows.strong), groups[covered:])
         live.replay(rows.events)
         live.apply_pool_events(rows.pool_events)
         return live
+
+
+def reference_rates(config: ExperimentConfig, features: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Weak and strong reference pass rates of tasks under `config`; NaN where missing."""
+    weak_name, strong_name = config.reference_features
+    weak = np.array([f.get(weak_name, math.nan) if weak_name else math.nan for f in features], dtype=np.float64)
+    strong = np.array([f.get(strong_name, math.nan) if strong_name else math.nan for f in features], dtype=np.float64)
+    return weak, strong
 
 
 def _floats(values: Sequence[float | None]) -> np.ndarray:

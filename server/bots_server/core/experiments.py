@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from bots_server.core import audit, tenancy, validation
+from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
+from bots_server.core.experiment import reference_rates
 from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import Runtime
+from bots_server.engine import PosteriorState
 from bots_server.errors import InvalidArgument, NotFound
 from bots_server.store import ExperimentCopy, ExperimentRow
 
@@ -75,14 +79,20 @@ class Experiments:
         async with rt.locked(source):
             live, _ = await rt.ready(source)
             await self.quotas.new_experiment(name, live.num_tasks)
+            fork_config = config or live.config
             state = live.state
+            if fork_config.reference_features != live.config.reference_features:
+                # The fork reads other features as its reference pass rates.
+                features = await rt.db(rt.store.load_features, live.id, state.num_tasks)
+                weak, strong = await rt.run(reference_rates, fork_config, features)
+                state = dataclasses.replace(state, weak=weak, strong=strong)
             copy = ExperimentCopy(
                 name=name,
-                config=(config or live.config).to_dict(),
+                config=fork_config.to_dict(),
                 step=live.step,
                 capability=live.capability,
-                alpha=state.alpha,
-                beta=state.beta,
+                num_tasks=state.num_tasks,
+                state=await rt.run(encode_state, state),
                 forked_from=source,
                 source_id=live.id,
                 tenant=tenancy.tenant_of(name),
@@ -120,8 +130,8 @@ class Experiments:
             config=data.config.to_dict(),
             step=data.step,
             capability=data.capability,
-            alpha=data.alpha,
-            beta=data.beta,
+            num_tasks=len(data.keys),
+            state=await rt.run(restored_state, data),
             forked_from=data.source or "snapshot",
             keys=data.keys,
             features=data.features,
@@ -145,10 +155,27 @@ class Experiments:
         if row is None or row.id != live.id:
             raise NotFound(f"experiment {name!r} not found")
         open_batches = await rt.db(rt.store.count_open_batches, live.id, rt.clock())
-        experiment = summary(dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches)
+        experiment = summary(
+            dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches
+        )
         alpha, beta = await rt.run(lambda: (state.alpha.tolist(), state.beta.tolist()))
         features = await rt.db(rt.store.load_features, live.id, len(keys)) if include_features else None
         return Snapshot(experiment, keys, alpha, beta, features, retired.tolist(), groups)
+
+
+def restored_state(data: RestoreData) -> bytes:
+    """The checkpoint of a restored experiment: the snapshot's posterior, the
+    reference pass rates its features give under its config, and every other
+    field of the state at its starting value."""
+    weak, strong = reference_rates(data.config, data.features)
+    start = PosteriorState.from_prior(data.config, weak, strong)
+    state = dataclasses.replace(
+        start,
+        alpha=np.asarray(data.alpha, dtype=np.float64),
+        beta=np.asarray(data.beta, dtype=np.float64),
+        capability=math.nan if data.capability is None else data.capability,
+    )
+    return encode_state(state)
 
 
 def summary(row: ExperimentRow, open_batches: int) -> Experiment:

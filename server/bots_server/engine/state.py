@@ -30,7 +30,8 @@ class PosteriorState:
     # Adaptive rho (the reference's rule): how many times rho has been halved,
     # so the current rho is implicit_weight * 0.5 ** rho_halvings (exact in
     # binary floating point). Updated inside the update, so a replay of the
-    # events reproduces it; checkpoints do not carry it yet (see params.py).
+    # events reproduces it; checkpoints carry it like every field here
+    # (core/checkpoint_state.py writes every field, whatever it is).
     rho_halvings: int = 0
 
     @property

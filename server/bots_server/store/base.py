@@ -24,8 +24,6 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from bots_server.store.records import (
     DEFAULT_TENANT,
     BatchRow,
@@ -95,14 +93,14 @@ class Store(abc.ABC):
     def create_copy(
         self, copy: ExperimentCopy, now: dt.datetime, abandoned: Callable[[], bool] | None = None
     ) -> ExperimentRow:
-        """A new experiment starting at a given posterior and step (fork,
+        """A new experiment starting at a given state and step (fork,
         restore): its tasks (copied from `copy.source_id`'s first
-        len(copy.alpha) tasks, or the given keys and features), a checkpoint
-        of `copy.alpha`/`copy.beta` at `copy.step`, no events.
+        `copy.num_tasks` tasks, or the given keys and features), the
+        checkpoint `copy.state` at `copy.step`, no events.
 
-        Raises AlreadyExists if the name is taken, ValueError if alpha and
-        beta differ in length; nothing is written then. Keys must be unique
-        (the caller validates them). `abandoned`: see add_tasks.
+        Raises AlreadyExists if the name is taken; nothing is written then.
+        Keys must be unique (the caller validates them). `abandoned`: see
+        add_tasks.
         """
 
     @abc.abstractmethod
@@ -174,8 +172,10 @@ class Store(abc.ABC):
         events up to its step as read in the same transaction, ascending,
         each with its outcomes by task index. after_step None (a rebuild):
         also the checkpoint, and the events after it, all read in one
-        consistent snapshot. Otherwise (catching up a cached copy) no
-        checkpoint and the events after `after_step`.
+        consistent snapshot; the reference features then only of the tasks
+        after those the checkpoint covers (it holds what they gave its
+        tasks), so a rebuild reads no JSON for them. Otherwise (catching up
+        a cached copy) no checkpoint and the events after `after_step`.
 
         `lookup`: the batch with `lookup.batch_id`, else the one with
         `lookup.request_key` (None if there is none), and, with
@@ -196,17 +196,12 @@ class Store(abc.ABC):
         reported step)."""
 
     @abc.abstractmethod
-    def write_checkpoint(
-        self,
-        experiment_id: int,
-        step: int,
-        capability: float | None,
-        alpha: np.ndarray,
-        beta: np.ndarray,
-        now: dt.datetime,
-    ) -> bool:
-        """Replace the experiment's checkpoint with the posterior at `step`
-        (alpha and beta of tasks 0..len(alpha)-1).
+    def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
+        """Replace the experiment's checkpoint with `state`, the state of
+        tasks 0..num_tasks-1 at `step` (bytes the store does not interpret;
+        the core writes checkpoint_blob.py's format). One value, one row:
+        its cost follows its bytes, and it locks nothing selects and reports
+        of the experiment take.
 
         False, and nothing written, if a checkpoint at or after `step` exists
         already. Concurrent writers of one experiment's checkpoint are

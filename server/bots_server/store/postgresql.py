@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-import numpy as np
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy import exc
@@ -58,19 +57,6 @@ class PostgresStore(SqlStore):
         with _copy(conn, f"COPY {table.name} ({', '.join(columns)}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
-
-    def _insert_posteriors(self, conn: Connection, experiment_id: int, alpha: np.ndarray, beta: np.ndarray) -> None:
-        # A binary COPY encoded in one pass by numpy, no per-row Python: a
-        # million rows in well under a second.
-        n = len(alpha)
-        rows = np.empty(n, dtype=_POSTERIOR_ROW)
-        rows["fields"] = 4
-        rows["experiment_id_len"], rows["experiment_id"] = 4, experiment_id
-        rows["task_idx_len"], rows["task_idx"] = 8, np.arange(n)
-        rows["alpha_len"], rows["alpha"] = 8, alpha
-        rows["beta_len"], rows["beta"] = 8, beta
-        with _copy(conn, "COPY posteriors (experiment_id, task_idx, alpha, beta) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.write(_COPY_HEADER + rows.tobytes() + _COPY_TRAILER)
 
     @contextmanager
     def _migration_lock(self) -> Iterator[None]:
@@ -124,22 +110,3 @@ def _copy(conn: Connection, sql: str) -> Iterator[psycopg.Copy]:
             yield copy
     except psycopg.Error as e:
         raise exc.DBAPIError.instance(sql, None, e, psycopg.Error) from e
-
-
-# PostgreSQL's binary COPY format: a header, per row a field count and
-# (length, big-endian value) per field, and a trailer.
-_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
-_COPY_TRAILER = (-1).to_bytes(2, "big", signed=True)
-_POSTERIOR_ROW = np.dtype(
-    [
-        ("fields", ">i2"),
-        ("experiment_id_len", ">i4"),
-        ("experiment_id", ">i4"),
-        ("task_idx_len", ">i4"),
-        ("task_idx", ">i8"),
-        ("alpha_len", ">i4"),
-        ("alpha", ">f8"),
-        ("beta_len", ">i4"),
-        ("beta", ">f8"),
-    ]
-)

@@ -7,8 +7,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import numpy as np
-
 # The tenant of experiments created without one, and of every experiment
 # written before tenants existed (revision 0004).
 DEFAULT_TENANT = "default"
@@ -68,10 +66,12 @@ PoolEvent = RetirementEvent | SharesEvent
 
 @dataclass(frozen=True)
 class CheckpointRow:
+    """The state of tasks 0..num_tasks-1 as of `step`, as the core wrote it
+    (checkpoint_blob.py's format; empty before the first checkpoint of tasks)."""
+
     step: int
-    capability: float | None
-    alpha: list[float]  # tasks 0..len-1; later tasks are at the prior
-    beta: list[float]
+    num_tasks: int
+    state: bytes
     create_time: dt.datetime
 
 
@@ -102,7 +102,10 @@ class LoadedRows:
 
     experiment: ExperimentRow
     keys: list[str]  # tasks from the requested start index on
-    weak: list[float | None]  # their reference pass rates (load's reference_features)
+    # Reference pass rates (load's reference_features) of the tasks the
+    # checkpoint does not cover: with a checkpoint, of tasks
+    # checkpoint.num_tasks on; without, of every task in `keys`.
+    weak: list[float | None]
     strong: list[float | None]
     checkpoint: CheckpointRow | None  # None when only reading what is new
     events: list[StepEvent]  # steps after the requested one, ascending
@@ -119,12 +122,12 @@ class ExperimentCopy:
     name: str
     config: Mapping[str, Any]  # the JSON object as stored
     step: int
-    capability: float | None
-    alpha: Sequence[float] | np.ndarray
-    beta: Sequence[float] | np.ndarray
+    capability: float | None  # returned in the new experiment's row
+    num_tasks: int
+    state: bytes  # its checkpoint: the state of its num_tasks tasks at `step`
     forked_from: str
     # Tasks: either copied row by row from an experiment in this database
-    # (source_id, the first len(alpha) tasks) or given (keys and features).
+    # (source_id, the first num_tasks tasks) or given (keys and features).
     source_id: int | None = None
     keys: list[str] | None = None
     features: list[dict[str, float]] | None = None

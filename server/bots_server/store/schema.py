@@ -1,10 +1,13 @@
 """Tables. The migrations in store/migrations create exactly this schema
 (tests/store/test_migrations.py compares them).
 
-Posteriors are plain rows: `posteriors` holds every task's (alpha, beta) as of
-the experiment's last checkpoint (`checkpoints.step`); `steps` and `outcomes`
-are the append-only event log after it. The view `task_posteriors` joins keys
-to the checkpointed values for plain-SQL reading.
+The posterior is checkpointed as one value per experiment: `checkpoints.state`
+holds every array and scalar of the in-memory state of tasks
+0..num_tasks-1 as of `checkpoints.step`, in the format of checkpoint_blob.py
+(revision 0006; before it, one `posteriors` row per task, which made a
+checkpoint cost a row per task). `steps` and `outcomes` are the append-only
+event log after it. On PostgreSQL the view `task_posteriors` reads keys and
+the checkpointed alpha and beta out of it for plain-SQL reading.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -26,7 +30,6 @@ from sqlalchemy import (
 )
 
 metadata = MetaData()
-
 
 
 def _experiment_id() -> Column:
@@ -70,18 +73,12 @@ checkpoints = Table(
     metadata,
     _experiment_id(),
     Column("step", BigInteger, nullable=False),
-    Column("num_tasks", BigInteger, nullable=False),  # posteriors rows 0..num_tasks-1
-    Column("capability", Double, nullable=True),
+    Column("num_tasks", BigInteger, nullable=False),  # the state covers tasks 0..num_tasks-1
     Column("create_time", DateTime(timezone=True), nullable=False),
-)
-
-posteriors = Table(
-    "posteriors",
-    metadata,
-    _experiment_id(),
-    Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
-    Column("alpha", Double, nullable=False),
-    Column("beta", Double, nullable=False),
+    # The whole state as one value (checkpoint_blob.py); empty before the
+    # first checkpoint of tasks. Stored uncompressed on PostgreSQL (STORAGE
+    # EXTERNAL): floats do not compress, and slices read without detoasting it all.
+    Column("state", LargeBinary, nullable=False),
 )
 
 steps = Table(

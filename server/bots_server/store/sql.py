@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ParamSpec, TypeVar
 
-import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, Engine
@@ -50,7 +49,6 @@ log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
 
 
 def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -171,7 +169,7 @@ class SqlStore(Store):
                 )
                 conn.execute(
                     t.checkpoints.insert().values(
-                        experiment_id=experiment_id, step=0, num_tasks=0, capability=None, create_time=now
+                        experiment_id=experiment_id, step=0, num_tasks=0, create_time=now, state=b""
                     )
                 )
         except exc.IntegrityError as e:
@@ -182,7 +180,7 @@ class SqlStore(Store):
     def create_copy(
         self, copy: ExperimentCopy, now: dt.datetime, abandoned: Callable[[], bool] | None = None
     ) -> ExperimentRow:
-        n = len(copy.alpha)
+        n = copy.num_tasks
         try:
             with self._write(abandoned) as conn:
                 experiment_id = _insert_experiment(
@@ -220,13 +218,9 @@ class SqlStore(Store):
                     self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
                 conn.execute(
                     t.checkpoints.insert().values(
-                        experiment_id=experiment_id, step=copy.step, num_tasks=n, capability=copy.capability, create_time=now
+                        experiment_id=experiment_id, step=copy.step, num_tasks=n, create_time=now, state=copy.state
                     )
                 )
-                alpha, beta = np.asarray(copy.alpha, dtype=np.float64), np.asarray(copy.beta, dtype=np.float64)
-                if alpha.shape != beta.shape:
-                    raise ValueError(f"{len(alpha)} alpha values but {len(beta)} beta values")
-                self._insert_posteriors(conn, experiment_id, alpha, beta)
                 if len(copy.retired):
                     retired = ((experiment_id, 1, int(i), True, copy.step, now) for i in sorted(copy.retired))
                     self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, retired)
@@ -276,7 +270,8 @@ class SqlStore(Store):
     @_translate_errors
     def delete_experiment(self, experiment_id: int) -> bool:
         with self._write() as conn:
-            for table in (t.group_shares, t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps, t.posteriors, t.checkpoints, t.tasks):
+            tables = (t.group_shares, t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps, t.checkpoints, t.tasks)
+            for table in tables:
                 conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
             deleted = conn.execute(t.experiments.delete().where(t.experiments.c.id == experiment_id)).rowcount
         return deleted == 1
@@ -326,7 +321,9 @@ class SqlStore(Store):
         with self._read() as conn:
             for start in range(0, len(keys), 500):
                 chunk = list(keys[start : start + 500])
-                query = sa.select(t.tasks.c.key).where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.key.in_(chunk))
+                query = sa.select(t.tasks.c.key).where(
+                    t.tasks.c.experiment_id == experiment_id, t.tasks.c.key.in_(chunk)
+                )
                 found.extend(conn.execute(query).scalars())
                 if len(found) >= limit:
                     break
@@ -351,26 +348,27 @@ class SqlStore(Store):
                 return None
             experiment = _experiment_row(row)
             checkpoint = None
+            features_from = first_task
             if after_step is None:
                 checkpoint = self._read_checkpoint(conn, experiment_id)
                 after_step = checkpoint.step
+                # The checkpoint holds what the features gave its tasks.
+                features_from = max(first_task, checkpoint.num_tasks)
             keys: list[str] = []
             weak: list[float | None] = []
             strong: list[float | None] = []
             groups: list[str] = []
-            if first_task < experiment.num_tasks:
+            if features_from > first_task:
+                query = self._tasks_query(experiment_id, first_task, features_from, t.tasks.c.key, t.tasks.c.group_name)
+                for key, g in conn.execute(query):
+                    keys.append(key)
+                    groups.append(g or "")
+            if features_from < experiment.num_tasks:
                 # Only the two reference features are needed: extracted in SQL,
                 # without decoding every task's JSON in Python.
                 weak_name, strong_name = reference_features
-                query = (
-                    sa.select(t.tasks.c.key, self._feature(weak_name), self._feature(strong_name), t.tasks.c.group_name)
-                    .where(
-                        t.tasks.c.experiment_id == experiment_id,
-                        t.tasks.c.task_idx >= first_task,
-                        t.tasks.c.task_idx < experiment.num_tasks,
-                    )
-                    .order_by(t.tasks.c.task_idx)
-                )
+                columns = (t.tasks.c.key, self._feature(weak_name), self._feature(strong_name), t.tasks.c.group_name)
+                query = self._tasks_query(experiment_id, features_from, experiment.num_tasks, *columns)
                 for key, w, s, g in conn.execute(query):
                     keys.append(key)
                     weak.append(w)
@@ -387,6 +385,15 @@ class SqlStore(Store):
                     leased = list(conn.execute(_leased_tasks(experiment_id, lookup.leases_at)).scalars())
             pool_events = _read_pool_events(conn, experiment_id, after_pool_event)
         return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, leased, pool_events, groups)
+
+    @staticmethod
+    def _tasks_query(experiment_id: int, start: int, stop: int, *columns: Any) -> sa.Select[Any]:
+        """`columns` of tasks start..stop-1, in task order."""
+        return (
+            sa.select(*columns)
+            .where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.task_idx >= start, t.tasks.c.task_idx < stop)
+            .order_by(t.tasks.c.task_idx)
+        )
 
     def _feature(self, name: str) -> Any:
         """A task feature as a float column (NULL where missing)."""
@@ -405,20 +412,9 @@ class SqlStore(Store):
             return [json.loads(f) for f in conn.execute(query).scalars()]
 
     def _read_checkpoint(self, conn: Connection, experiment_id: int) -> CheckpointRow:
-        meta = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
-        rows = conn.execute(
-            sa.select(t.posteriors.c.alpha, t.posteriors.c.beta)
-            .where(t.posteriors.c.experiment_id == experiment_id)
-            .order_by(t.posteriors.c.task_idx)
-        ).all()
-        if len(rows) != meta.num_tasks:
-            raise RuntimeError(f"checkpoint of experiment {experiment_id} has {len(rows)} rows, expected {meta.num_tasks}")
+        row = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
         return CheckpointRow(
-            step=meta.step,
-            capability=meta.capability,
-            alpha=[r[0] for r in rows],
-            beta=[r[1] for r in rows],
-            create_time=_utc(meta.create_time),
+            step=row.step, num_tasks=row.num_tasks, state=bytes(row.state), create_time=_utc(row.create_time)
         )
 
     def _read_events(self, conn: Connection, experiment_id: int, after_step: int, until_step: int) -> list[StepEvent]:
@@ -450,28 +446,18 @@ class SqlStore(Store):
             return self._read_events(conn, experiment_id, step - 1, step)[0]
 
     @_translate_errors
-    def write_checkpoint(
-        self,
-        experiment_id: int,
-        step: int,
-        capability: float | None,
-        alpha: np.ndarray,
-        beta: np.ndarray,
-        now: dt.datetime,
-    ) -> bool:
-        # The checkpoint row is updated first: the compare-and-set on its step
-        # also serializes writers (the row stays locked until commit).
+    def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
+        # One statement: the compare-and-set on the step serializes writers
+        # (the row stays locked until commit). It touches neither the
+        # experiment row nor any other table, so selects and reports of the
+        # experiment (which lock its row) never wait for it on PostgreSQL.
         with self._write() as conn:
             updated = conn.execute(
                 t.checkpoints.update()
                 .where(t.checkpoints.c.experiment_id == experiment_id, t.checkpoints.c.step < step)
-                .values(step=step, num_tasks=len(alpha), capability=capability, create_time=now)
+                .values(step=step, num_tasks=num_tasks, create_time=now, state=state)
             ).rowcount
-            if updated != 1:
-                return False
-            conn.execute(t.posteriors.delete().where(t.posteriors.c.experiment_id == experiment_id))
-            self._insert_posteriors(conn, experiment_id, np.asarray(alpha), np.asarray(beta))
-        return True
+        return updated == 1
 
     # -- batches and reports --------------------------------------------------
 
@@ -629,11 +615,6 @@ class SqlStore(Store):
         """Insert many rows, fast, in `conn`'s transaction. Driver errors
         surface as SQLAlchemy's (IntegrityError, ...), as those of statements
         run through SQLAlchemy do."""
-
-    @abc.abstractmethod
-    def _insert_posteriors(self, conn: Connection, experiment_id: int, alpha: np.ndarray, beta: np.ndarray) -> None:
-        """Insert every (task_idx, alpha, beta) row of an experiment's
-        checkpoint; a million rows must take well under a second."""
 
     @abc.abstractmethod
     def _migration_lock(self) -> AbstractContextManager[None]:

@@ -4,7 +4,6 @@ per file."""
 from __future__ import annotations
 
 import fcntl
-import itertools
 import os
 import pathlib
 import threading
@@ -12,12 +11,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine
 
-from bots_server.store import schema as t
 from bots_server.store.errors import DatabaseInUse
 from bots_server.store.sql import SqlStore
 
@@ -76,10 +73,6 @@ class SqliteStore(SqlStore):
         if params:
             placeholders = ", ".join("?" for _ in columns)
             conn.exec_driver_sql(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({placeholders})", params)
-
-    def _insert_posteriors(self, conn: Connection, experiment_id: int, alpha: np.ndarray, beta: np.ndarray) -> None:
-        rows = zip(itertools.repeat(experiment_id), range(len(alpha)), alpha.tolist(), beta.tolist())
-        self._bulk_insert(conn, t.posteriors, ("experiment_id", "task_idx", "alpha", "beta"), rows)
 
     def _migration_lock(self) -> AbstractContextManager[None]:
         return nullcontext()  # the migration's write transaction (BEGIN IMMEDIATE) excludes other writers
