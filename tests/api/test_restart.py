@@ -31,6 +31,9 @@ OPT_IN = ExperimentConfig(
     weak_feature="weak", strong_feature="strong", seed=5, forgetting=0.05, selection_mode="expected",
     track_prediction=0.5, implicit_reliability=1.0,
 )  # fmt: skip
+# Adaptive rho (the reference's rule) with a threshold this workload's errors
+# reach in the first steps: its halvings must survive the checkpoint.
+ADAPTIVE_RHO = ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=5, adaptive_rho_error=0.05)
 
 
 def run_steps(client: bots_client.Client, name: str, steps: range) -> list[list[str]]:
@@ -101,17 +104,18 @@ def test_restart_rebuilds_identical_posterior_and_continues_identically(two_data
         reference.kill()
 
 
-def test_restart_continues_the_opt_in_engines_identically(tmp_path) -> None:
+@pytest.mark.parametrize("config", [OPT_IN, ADAPTIVE_RHO], ids=["beyond-the-paper", "adaptive-rho"])
+def test_restart_continues_the_opt_in_engines_identically(tmp_path, config: ExperimentConfig) -> None:
     reference = ServerProcess(f"sqlite:///{tmp_path / 'ref.db'}", extra_args=SERVER_ARGS).start()
     db = f"sqlite:///{tmp_path / 'run.db'}"
     server = ServerProcess(db, extra_args=SERVER_ARGS).start()
     try:
         with bots_client.Client(reference.address) as ref:
-            setup(ref, "run", OPT_IN)
+            setup(ref, "run", config)
             ref_picks = run_steps(ref, "run", range(14))
             ref_final = bits(ref.snapshot("run"))
         with bots_client.Client(server.address) as client:
-            setup(client, "run", OPT_IN)
+            setup(client, "run", config)
             picks = run_steps(client, "run", range(7))  # checkpoint at 4, events 5-7 replayed
             before = bits(client.snapshot("run"))
         server.kill()

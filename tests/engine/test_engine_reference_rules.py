@@ -241,11 +241,10 @@ def test_adaptive_rho_state_survives_a_partial_pool_update() -> None:
     assert (new.alpha[3], new.beta[3]) == (1.0, 1.0)
 
 
-def test_adaptive_rho_is_engine_only_until_checkpoints_carry_it() -> None:
-    # The API's declaration accepts 0 only (see params.py): a rebuild from a
-    # checkpoint would otherwise forget the halvings.
+def test_adaptive_rho_is_accepted_over_the_api() -> None:
+    # Checkpoints carry rho_halvings (tests/api/test_restart.py checks a rebuild).
     from bots_server.engine import settings
 
     declared = {name: s for name, s, _ in settings(EngineParams)}["adaptive_rho_error"]
-    assert declared.problem(0.0) is None
-    assert declared.problem(0.25) is not None
+    assert declared.problem(0.0) is None and declared.problem(0.25) is None
+    assert declared.problem(1.5) is not None and declared.problem(-0.1) is not None

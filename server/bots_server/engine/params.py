@@ -102,17 +102,15 @@ class EngineParams:
         low=0.0,
         high=1.0,
     )
-    # Adaptive rho's current value lives in PosteriorState.rho_halvings and is
-    # reproduced by replaying events, but checkpoints (the store's schema,
-    # owned by the core) do not carry it: a server rebuilt from a checkpoint
-    # would restart from the full rho. Until they do, the API accepts only 0
-    # (high=0); the engine in-process takes any value in [0, 1].
+    # Adaptive rho's current value lives in PosteriorState.rho_halvings: the
+    # replay of events reproduces it and checkpoints carry it (every field of
+    # the state, revision 0006).
     adaptive_rho_error: float = setting(
         0.0,
         "adaptive rho: halve rho whenever a batch's mean |predicted - observed| pass rate reaches this "
-        "(the reference uses 0.25; 0: off). The API accepts only 0 until checkpoints carry the current rho",
+        "(the reference uses 0.25; 0: off)",
         low=0.0,
-        high=0.0,
+        high=1.0,
     )
     # Beyond the paper (docs/choosing-a-strategy.md): both read only the
     # posterior, the reference features and the capability, which checkpoints
