@@ -513,3 +513,44 @@ def test_curriculum_signals_go_to_verls_tensorboard_directory(
     assert [v for _, v in scalars["curriculum/informative_fraction"]] == pytest.approx([e[1] for e in expected])
     with pytest.raises(ValueError, match="unknown backends"):
         BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, tracking=["mlflow"]))
+
+
+def test_real_verl_two_data_files_keyed_by_data_source_and_index(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    need("verl.experimental.dataset.sampler")
+    import datasets
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.trainer.main_ppo import create_rl_sampler
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    paths = []
+    for source in ("openai/gsm8k", "lighteval/MATH"):  # two files, each numbering extra_info.index from 0
+        path = str(tmp_path / f"{source.split('/')[1]}.parquet")
+        datasets.Dataset.from_list(RLHFLike(n=6, index_offset=0, sources=(source,)).dataframe.rows).to_parquet(path)
+        paths.append(path)
+
+    def config(**sampler: Any) -> Any:
+        return OmegaConf.create({
+            **data_config(address, exp_name, **sampler), "filter_overlong_prompts": False, "prompt_key": "prompt",
+            "max_prompt_length": 64, "shuffle": False, "cache_dir": str(tmp_path / "cache"),
+        })  # fmt: skip
+
+    dataset = RLHFDataset(data_files=paths, tokenizer=None, config=config(), processor=None)
+    with pytest.raises(ValueError, match="data_source"):
+        create_rl_sampler(config(), dataset)
+    sampler = create_rl_sampler(config(key_field=["data_source", "index"]), dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=collate_fn)
+    rows = DataProto.from_single_dict(next(iter(loader)))
+    sources, infos = rows.non_tensor_batch["data_source"], rows.non_tensor_batch["extra_info"]
+    keys = [f"{s}:{e['index']}" for s, e in zip(sources, infos)]
+    assert keys == list(sampler.last_batch.keys)
+    # What update() gets under the agent loop: data_source, reward_model, extra_info (and a fresh uid).
+    batch = rows.repeat(repeat_times=2, interleave=True)
+    dropped = [k for k in batch.non_tensor_batch if k not in ("data_source", "reward_model", "extra_info")]
+    batch.pop(non_tensor_batch_keys=dropped)
+    batch.batch["token_level_scores"] = torch.ones(len(batch), 3)
+    sampler.update(batch)
+    got = counts(client, exp_name)
+    assert {k: got[k] for k in keys} == dict.fromkeys(keys, (2.0, 0.0))

@@ -14,10 +14,15 @@ Under DistributedDataParallel every rank builds the same sampler: all ranks ask
 for batch k with request key "step-k" and get the same batch; with
 `shard=True` (default) each rank yields its strided share of it, like
 `DistributedSampler`. `report()` is then collective: the ranks' outcomes are
-all-gathered and exactly one rank (`report_rank`, default 0) reports them.
-`state_dict()` names the experiment and the next batch number; loading it into
-a new sampler continues with the same batches. torchdata's
-`StatefulDataLoader` saves and restores it on its own.
+all-gathered, exactly one rank (`report_rank`, default 0) reports them, and
+it broadcasts the server's answer, so no rank selects the next batch before
+the report is acknowledged (`wait_for_report=False` skips that wait, for
+trainers that pipeline). `state_dict()` names the experiment, the next batch
+number and the batches drawn but not reported; loading it into a new sampler
+continues with the same batches, drawing again a pending batch the server
+never got. torchdata's `StatefulDataLoader` saves and restores it on its own.
+`on_report=` receives each report's `CurriculumSignals` (e.g.
+`tensorboard_listener(writer)`).
 
 torch is imported when `BotsSampler` / `BotsBatchSampler` is first accessed.
 """

@@ -14,9 +14,13 @@ on samplers that are `AbstractCurriculumSampler`s:
     +data.sampler.experiment_config.rollouts_per_task=16 # = rollout.n
 
 Keys: every dataset row needs a stable, unique task key, read from
-`key_field` (default "index": verl's `extra_info.index`, which RLHFDataset
-copies into every batch row). A dotted path ("extra_info.uid") digs into dict
-columns. Rewards: `reward_key` (default "token_level_scores", summed over the
+`key_field` (default "index": verl's `extra_info.index`). A field is looked
+up as a top-level column, else inside `extra_info`: under verl 0.7's agent
+loop only data_source, reward_model and extra_info of a row reach `update()`.
+A dotted path ("extra_info.uid") digs into dict columns; a list of fields
+(["data_source", "index"]) joins their values with ":", unique across
+several data files. A row whose key cannot be found raises; outcomes of
+tasks in no open batch are logged as an ERROR with counts. Rewards: `reward_key` (default "token_level_scores", summed over the
 response, i.e. the verifier's sequence score before any KL penalty; a
 `non_tensor_batch` entry such as "acc" works too); a rollout succeeds when its
 reward is >= `success_threshold` (default 0.5; null counts rewards in [0, 1]
@@ -216,7 +220,12 @@ class _CurriculumSampler(_BotsSampler):
     verl's dataset column; default none), reward_key,
     success_threshold, batch_size (default data.gen_batch_size or
     data.train_batch_size), batches_per_epoch (default len(dataset) //
-    batch_size), request_prefix.
+    batch_size), request_prefix, tracking (["tensorboard", "wandb",
+    "console"]: the curriculum signals per step) and tensorboard_dir.
+
+    verl saves its checkpoint before it calls `update()` for that step: the
+    checkpoint lists that batch as pending, and a resume draws it again only
+    if the server never got its report (docs/integrations/verl.md).
     """
 
     def __init__(self, data_source: Any, data_config: Any, **overrides: Any) -> None:
