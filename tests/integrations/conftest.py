@@ -8,8 +8,9 @@ trl, matplotlib, torchdata, openai and tensorboard by default, or the comma-sepa
 BOTS_TEST_REQUIRED_FRAMEWORKS. verl and trinity-rft are not in that list:
 every verl release pins numpy < 2, which the rest of the project's
 environment cannot take; their adapters are tested against the data shapes
-of the frameworks' sources here, and against the real libraries where they
-are installed (see docs/integrations/).
+of the frameworks' sources here, and against the real libraries in a
+second environment (`make test-frameworks`, which .ci/run runs with them
+required; see docs/integrations/).
 """
 
 from __future__ import annotations
