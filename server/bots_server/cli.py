@@ -2,6 +2,7 @@
 
     bots-server serve [--db URL] [--listen HOST:PORT] ...
     bots-server migrate [--db URL] [--wait-seconds S] [--check]
+    bots-server compact [--db URL] [--retention-steps N] [--experiment NAME]
     bots-server experiments list [--server HOST:PORT] [--tls | --tls-ca CA] [--tls-cert C --tls-key K]
     bots-server experiments show NAME [--server HOST:PORT] ...
     bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT] ...
@@ -83,6 +84,46 @@ def _migrate(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print("schema is at the latest revision")
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    """Compact the event log of the database's experiments now, beside
+    running servers or without them (store.compact clamps to each
+    checkpoint and serializes with reports)."""
+    from bots_server.core.checkpoints import COMPACTION_STEPS_PER_TRANSACTION
+
+    if args.retention_steps < 1:
+        print("error: --retention-steps must be >= 1", file=sys.stderr)
+        return 1
+    try:
+        store = open_store(args.db)
+    except UnsupportedDatabase as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        if args.experiment:
+            found = store.find_experiment(args.experiment)
+            if found is None:
+                print(f"error: experiment {args.experiment!r} not found", file=sys.stderr)
+                return 1
+            rows = [found]
+        else:
+            rows, after = [], ""
+            while page := store.list_experiments(after, 1000):
+                rows += page
+                after = page[-1].name
+        for row in rows:
+            through, removed, previous = row.step - args.retention_steps, 0, -1
+            while True:
+                done = store.compact(row.id, through, COMPACTION_STEPS_PER_TRANSACTION)
+                removed += done.outcomes + done.batch_tasks
+                if done.horizon >= through or done.horizon == previous:
+                    break
+                previous = done.horizon
+            print(f"{row.name}: step {row.step}, events compacted through step {done.horizon}, {removed} rows removed")
+    finally:
+        store.close()
     return 0
 
 
@@ -283,6 +324,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="text or json (env BOTS_LOG_FORMAT)",
     )  # fmt: skip
     migrate.set_defaults(run=_migrate)
+
+    compact = commands.add_parser(
+        "compact", help="remove old events of the database's experiments now (servers also do it after checkpoints)"
+    )
+    compact.add_argument("--db", default=os.environ.get("BOTS_DB", "sqlite:///bots.db"), help="database URL (env BOTS_DB)")
+    compact.add_argument(
+        "--retention-steps", type=int,
+        default=int(os.environ.get("BOTS_EVENT_RETENTION_STEPS", "10000") or 0),
+        help="keep the events of this many steps before each experiment's current step (never past its checkpoint; "
+        "env BOTS_EVENT_RETENTION_STEPS; default 10000)",
+    )  # fmt: skip
+    compact.add_argument("--experiment", default="", help="only this experiment (its stored name, tenant/name)")
+    compact.set_defaults(run=_compact)
 
     experiments = commands.add_parser("experiments", help="list or show experiments of a running server")
     sub = experiments.add_subparsers(dest="action", required=True)

@@ -44,6 +44,13 @@ SETTINGS = (
     ),
     Setting("--checkpoint-every-steps", "BOTS_CHECKPOINT_EVERY_STEPS", "100", "write a checkpoint every N steps"),
     Setting("--checkpoint-every-seconds", "BOTS_CHECKPOINT_EVERY_SECONDS", "60", "and at least every T seconds"),
+    Setting(
+        "--event-retention-steps",
+        "BOTS_EVENT_RETENTION_STEPS",
+        "10000",
+        "after each checkpoint, remove the outcomes and batch tasks of steps more than this many steps before it "
+        "(bounded storage; docs/design-compaction.md); 0: keep every event",
+    ),
     Setting("--grace-seconds", "BOTS_GRACE_SECONDS", "20", "on SIGTERM, how long in-flight calls may finish"),
     Setting("--workers", "BOTS_WORKERS", "8", "threads for database and numpy work"),
     Setting(
@@ -150,6 +157,7 @@ class ServerSettings:
     metrics_max_experiments: int = 1000
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 60.0
+    event_retention_steps: int = 10_000
     grace_seconds: float = 20.0
     workers: int = 8
     database_timeout_seconds: float = 5.0
@@ -243,6 +251,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             metrics_max_experiments=int(args.metrics_max_experiments),
             checkpoint_every_steps=int(args.checkpoint_every_steps),
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
+            event_retention_steps=_count(args.event_retention_steps, "--event-retention-steps"),
             grace_seconds=float(args.grace_seconds),
             workers=int(args.workers),
             database_timeout_seconds=float(args.database_timeout_seconds),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -13,6 +14,8 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 import bots_client
+from bots_server.core.checkpoint_state import encode_state
+from bots_server.engine import PosteriorState
 from bots_server.store import checkpoint_blob, open_store
 from bots_server.store.revisions import MIGRATIONS
 from bots_server.store.sql import SqlStore
@@ -46,11 +49,17 @@ def seed_experiment(store: SqlStore) -> None:
             t["tasks"].insert(),
             [{"experiment_id": 1, "task_idx": i, "key": f"k{i}", "features": json.dumps({"w": 0.1, "s": 0.6})} for i in range(3)],
         )
-        conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, capability=0.5, create_time=NOW))
-        conn.execute(
-            t["posteriors"].insert(),
-            [{"experiment_id": 1, "task_idx": i, "alpha": 2.0 + i, "beta": 3.0} for i in range(3)],
-        )
+        if "posteriors" in t:  # before revision 0006: one row per task
+            conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, capability=0.5, create_time=NOW))
+            conn.execute(
+                t["posteriors"].insert(),
+                [{"experiment_id": 1, "task_idx": i, "alpha": 2.0 + i, "beta": 3.0} for i in range(3)],
+            )
+        else:  # the whole state as one value
+            state = PosteriorState(
+                np.array([2.0, 3.0, 4.0]), np.full(3, 3.0), np.full(3, 0.1), np.full(3, 0.6), capability=0.5
+            )
+            conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, create_time=NOW, state=encode_state(state)))
         conn.execute(t["steps"].insert().values(experiment_id=1, step=2, batch_id="b2", pool_size=3, capability=CAPABILITY, capability_estimate=C_HAT, create_time=NOW))
         conn.execute(t["outcomes"].insert().values(experiment_id=1, step=2, task_idx=0, successes=4.0, trials=16))
         conn.execute(

@@ -86,6 +86,8 @@ class Batches:
             batch = rows.batch
             if batch is None:
                 raise NotFound(f"batch {batch_id!r} not found in experiment {name!r}")
+            if batch.compacted:  # reported long ago: its tasks are gone, nothing to match
+                return await self._repeated(live, batch, [], [], [])
             task_idx, successes, trials = _match(live, batch, outcomes)
             if batch.reported_step is not None:
                 return await self._repeated(live, batch, task_idx, successes, trials)
@@ -136,6 +138,10 @@ class Batches:
         assert batch.reported_step is not None
         rt = self.runtime
         event = await rt.db(rt.store.read_event, live.id, batch.reported_step)
+        if not event.complete:
+            # Compacted: its outcomes cannot be compared any more; a retry
+            # this old can only be a duplicate (docs/design-compaction.md).
+            return ReportResult(step=event.step, capability=event.capability, duplicate=True)
         if (event.task_idx, event.successes, event.trials) != (task_idx, successes, trials):
             raise FailedPrecondition(
                 f"batch {batch.batch_id!r} was already reported at step {batch.reported_step} with other outcomes"
@@ -161,6 +167,11 @@ def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_ke
 
 
 def _same_request(live: LiveExperiment, existing: BatchRow, batch_size: int) -> Batch:
+    if existing.compacted:
+        raise FailedPrecondition(
+            f"request_key {existing.request_key!r} was used for batch {existing.batch_id!r}, reported at step "
+            f"{existing.reported_step}; its tasks were compacted (--event-retention-steps): use a new request key"
+        )
     if len(existing.task_idx) != batch_size:
         raise FailedPrecondition(
             f"request_key {existing.request_key!r} was already used for batch {existing.batch_id!r} "

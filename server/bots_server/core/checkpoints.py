@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 class CheckpointPolicy:
     every_steps: int = 100
     every_seconds: float = 60.0
+    # After each checkpoint, compact the event log up to this many steps
+    # before it (docs/design-compaction.md); 0 keeps every event.
+    event_retention_steps: int = 0
+
+
+# Steps one compaction transaction covers: bounds how long it holds the
+# write lock (SQLite) and how many rows it deletes at once.
+COMPACTION_STEPS_PER_TRANSACTION = 500
 
 
 class Checkpoints:
@@ -73,6 +81,28 @@ class Checkpoints:
                 "seconds": round(seconds, 3),
             },
         )
+        if self.policy.event_retention_steps > 0:
+            await self._compact(live, step - self.policy.event_retention_steps)
+
+    async def _compact(self, live: LiveExperiment, through_step: int) -> None:
+        """Compact the event log up to `through_step`, a transaction per
+        chunk, off the request path (it runs in the checkpoint's task)."""
+        runtime = self.runtime
+        removed, previous = 0, -1
+        try:
+            while True:
+                done = await runtime.db(
+                    runtime.store.compact, live.id, through_step, COMPACTION_STEPS_PER_TRANSACTION
+                )
+                removed += done.outcomes + done.batch_tasks
+                if done.horizon >= through_step or done.horizon == previous:  # done, or held at the checkpoint
+                    break
+                previous = done.horizon
+        except Exception:
+            log.exception("compaction failed", extra={"experiment": live.name, "through_step": through_step})
+            return
+        if removed:
+            log.info("events compacted", extra={"experiment": live.name, "horizon": done.horizon, "rows": removed})
 
     def due(self) -> None:
         """Checkpoint every experiment whose last one is older than the policy allows."""

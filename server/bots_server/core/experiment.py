@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import math
 import time
@@ -57,6 +58,13 @@ class LiveExperiment:
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)
     pool_seq: int = 0
     key_characters: int = 0  # of every key, for memory_bytes
+
+    def take(self, other: LiveExperiment) -> None:
+        """Become `other` (a rebuild of this experiment), keeping this object
+        and its running checkpoint task."""
+        for f in dataclasses.fields(self):
+            if f.name != "checkpoint_task":
+                setattr(self, f.name, getattr(other, f.name))
 
     def memory_bytes(self) -> int:
         """About how much memory this experiment holds: its arrays, plus each

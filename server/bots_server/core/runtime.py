@@ -166,6 +166,17 @@ class Runtime:
         if rows is None or rows.experiment.name != live.name:
             self.forget(live.name)
             raise NotFound(f"experiment {live.name!r} not found")
+        if rows.experiment.compacted_through > live.step:
+            # Another replica compacted events this copy has not applied:
+            # rebuild it from the checkpoint, in place (callers hold `live`).
+            full = await self.db(
+                self.store.load, live.id, reference_features=live.config.reference_features, lookup=lookup
+            )
+            if full is None:
+                self.forget(live.name)
+                raise NotFound(f"experiment {live.name!r} not found")
+            live.take(await self.run(LiveExperiment.rebuild, full, live.config))
+            return full
         if rows.keys or rows.events or rows.pool_events:
             await self.run(live.catch_up, rows)
         if rows.pool_events:  # retirements another replica committed

@@ -71,7 +71,9 @@ class BotsServer:
         default_quotas = _default_quotas(settings)
         self.selector = SelectorService(
             self.store,
-            checkpoint_policy=CheckpointPolicy(settings.checkpoint_every_steps, settings.checkpoint_every_seconds),
+            checkpoint_policy=CheckpointPolicy(
+                settings.checkpoint_every_steps, settings.checkpoint_every_seconds, settings.event_retention_steps
+            ),
             max_workers=settings.workers,
             observer=self.metrics.observer,
             database_timeout_s=settings.database_timeout_seconds,

@@ -27,6 +27,7 @@ from typing import Any
 from bots_server.store.records import (
     DEFAULT_TENANT,
     BatchRow,
+    Compacted,
     ExperimentCopy,
     ExperimentRow,
     LoadedRows,
@@ -193,7 +194,20 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def read_event(self, experiment_id: int, step: int) -> StepEvent:
         """The event committed at `step` (a step that exists: a batch's
-        reported step)."""
+        reported step). At or before the compaction horizon its outcomes are
+        gone: `complete` is False and only the scalars are exact."""
+
+    @abc.abstractmethod
+    def compact(self, experiment_id: int, through_step: int, max_steps: int) -> Compacted:
+        """Remove the outcomes of steps up to `through_step` and the tasks
+        of batches reported up to it, at most `max_steps` steps past the
+        current horizon, and move the horizon (ExperimentRow.compacted_through)
+        there. Never past the checkpoint's step, read in the same
+        transaction, so a rebuild always finds the events it replays. One
+        transaction: a crash leaves the previous horizon and its rows. Kept:
+        the `steps` and `batches` rows (a retried report answers its step and
+        capability; a reused request key learns its batch was compacted).
+        Idempotent; of two racing calls one moves the horizon."""
 
     @abc.abstractmethod
     def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:

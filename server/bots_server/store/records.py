@@ -23,6 +23,8 @@ class ExperimentRow:
     create_time: dt.datetime
     forked_from: str | None = None
     forked_at_step: int | None = None
+    # Steps whose outcomes compaction removed (store.compact): 1..this.
+    compacted_through: int = 0
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class StepEvent:
     trials: list[int]
     capability: float | None
     capability_estimate: float | None
+    # False for a step compaction emptied: its outcomes are gone, the
+    # scalars stay (read_event of an old step).
+    complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class BatchRow:
     create_time: dt.datetime
     lease_expire_time: dt.datetime
     reported_step: int | None
+    compacted: bool = False  # reported at or before the compaction horizon: its tasks are gone
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,14 @@ class ExperimentCopy:
     groups: list[str] | None = None  # with given keys: each task's group ("": none)
     shares: Mapping[str, tuple[float, float]] | None = None  # group shares in force
     tenant: str = DEFAULT_TENANT
+
+
+class Compacted(NamedTuple):
+    """What one compact() call did."""
+
+    horizon: int  # the experiment's compacted_through afterwards
+    outcomes: int  # outcome rows removed
+    batch_tasks: int  # batch_tasks rows removed
 
 
 class TenantUsage(NamedTuple):

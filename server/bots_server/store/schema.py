@@ -55,6 +55,9 @@ experiments = Table(
     # "tenant/name", or the plain name in the tenant "default".
     Column("tenant", String(63), nullable=False, server_default="default"),
     Index("ix_experiments_tenant_name", "tenant", "name"),
+    # Outcomes of steps up to here, and the tasks of batches reported up to
+    # here, were removed by compaction (revision 0007); never past the checkpoint.
+    Column("compacted_through", BigInteger, nullable=False, server_default="0"),
 )
 
 tasks = Table(

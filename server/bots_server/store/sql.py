@@ -12,6 +12,7 @@ violations become domain errors.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -33,6 +34,7 @@ from bots_server.store.records import (
     DEFAULT_TENANT,
     BatchRow,
     CheckpointRow,
+    Compacted,
     ExperimentCopy,
     ExperimentRow,
     LoadedRows,
@@ -443,7 +445,51 @@ class SqlStore(Store):
     @_translate_errors
     def read_event(self, experiment_id: int, step: int) -> StepEvent:
         with self._read() as conn:
-            return self._read_events(conn, experiment_id, step - 1, step)[0]
+            event = self._read_events(conn, experiment_id, step - 1, step)[0]
+            horizon = conn.execute(
+                sa.select(t.experiments.c.compacted_through).where(t.experiments.c.id == experiment_id)
+            ).scalar_one()
+        return dataclasses.replace(event, complete=False) if step <= horizon else event
+
+    @_translate_errors
+    def compact(self, experiment_id: int, through_step: int, max_steps: int) -> Compacted:
+        with self._write() as conn:
+            row = conn.execute(
+                sa.select(t.experiments.c.compacted_through, t.checkpoints.c.step)
+                .join(t.checkpoints, t.checkpoints.c.experiment_id == t.experiments.c.id)
+                .where(t.experiments.c.id == experiment_id)
+            ).one_or_none()
+            if row is None:
+                return Compacted(0, 0, 0)
+            horizon, checkpoint_step = row
+            # Never past the checkpoint: a rebuild replays the events after it.
+            target = min(through_step, checkpoint_step, horizon + max_steps)
+            if target <= horizon:
+                return Compacted(horizon, 0, 0)
+            outcomes = conn.execute(
+                t.outcomes.delete().where(
+                    t.outcomes.c.experiment_id == experiment_id,
+                    t.outcomes.c.step > horizon,
+                    t.outcomes.c.step <= target,
+                )
+            ).rowcount
+            reported = sa.select(t.batches.c.batch_id).where(
+                t.batches.c.experiment_id == experiment_id,
+                t.batches.c.reported_step > horizon,
+                t.batches.c.reported_step <= target,
+            )
+            batch_tasks = conn.execute(
+                t.batch_tasks.delete().where(
+                    t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id.in_(reported)
+                )
+            ).rowcount
+            # Compare-and-set: of two compactions racing, one moves the horizon.
+            conn.execute(
+                t.experiments.update()
+                .where(t.experiments.c.id == experiment_id, t.experiments.c.compacted_through == horizon)
+                .values(compacted_through=target)
+            )
+        return Compacted(target, outcomes, batch_tasks)
 
     @_translate_errors
     def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
@@ -472,14 +518,16 @@ class SqlStore(Store):
             .where(t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id == row.batch_id)
             .order_by(t.batch_tasks.c.position)
         ).scalars()
+        tasks = list(task_idx)
         return BatchRow(
             batch_id=row.batch_id,
             request_key=row.request_key,
             step=row.step,
-            task_idx=list(task_idx),
+            task_idx=tasks,
             create_time=_utc(row.create_time),
             lease_expire_time=_utc(row.lease_expire_time),
             reported_step=row.reported_step,
+            compacted=not tasks and row.reported_step is not None,
         )
 
     @_translate_errors
@@ -711,6 +759,7 @@ def _experiment_row(row: Any) -> ExperimentRow:
         _utc(row.create_time),
         row.forked_from,
         row.forked_at_step,
+        row.compacted_through,
     )
 
 
