@@ -193,7 +193,7 @@ class Runtime:
         budget = self.memory_budget_bytes
         if budget is None:
             return
-        total = sum(live.memory_bytes() for live in self.live.values())
+        total = self.memory_bytes
         for name in list(self.live)[:-1]:
             if total <= budget:
                 break
