@@ -28,7 +28,7 @@ from bots_server import logs
 from bots_server.core import tenancy
 from bots_server.core.tenancy import Principal, Role
 from bots_server.service.credentials import Credentials
-from bots_server.service.interceptors import Continuation, metadata_value, status_of, wrap_handler
+from bots_server.service.interceptors import Continuation, metadata_value, on_finish, wrap_handler
 from bots_server.service.rpc_names import GO_CODE_NAMES, split_method
 
 log = logging.getLogger(__name__)
@@ -118,16 +118,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 )
                 return
             tokens = (tenancy.current.set(principal), logs.principal.set(f"{principal.name}@{principal.tenant}"))
-            error: BaseException | None = None
             try:
-                yield
-            except BaseException as e:
-                error = e
-                raise
+                async with on_finish(context, lambda code: self._count(principal, method_name, code)):
+                    yield
             finally:
                 logs.principal.reset(tokens[1])
                 tenancy.current.reset(tokens[0])
-                self._count(principal, method_name, status_of(context, error))
 
         return wrap_handler(handler, around)
 

@@ -135,6 +135,22 @@ def status_of(context: grpc.aio.ServicerContext, error: BaseException | None) ->
     return grpc.StatusCode.UNKNOWN  # what grpc.aio answers for an uncaught exception
 
 
+@contextlib.asynccontextmanager
+async def on_finish(
+    context: grpc.aio.ServicerContext, record: Callable[[grpc.StatusCode], None]
+) -> AsyncIterator[None]:
+    """Run the call's behavior, then `record` the status it ended with,
+    however it ended (an interceptor's `around` wraps its yield in this)."""
+    error: BaseException | None = None
+    try:
+        yield
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        record(status_of(context, error))
+
+
 class RequestIdInterceptor(grpc.aio.ServerInterceptor):
     """Takes `x-request-id` from the call's metadata (or makes one), binds it
     to the call's log records and sends it back in the trailing metadata, so
@@ -185,19 +201,16 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         async def around(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
             metrics.started.labels(*labels).inc()
             started = time.perf_counter()
-            error: BaseException | None = None
-            try:
-                yield
-            except BaseException as e:
-                error = e
-                raise
-            finally:
+
+            def record(code: grpc.StatusCode) -> None:
                 seconds = time.perf_counter() - started
-                code = status_of(context, error)
                 metrics.handled.labels(*labels, GO_CODE_NAMES.get(code, "Unknown")).inc()
                 metrics.handling_seconds.labels(*labels).observe(seconds)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("rpc", extra={"method": method, "code": code.name, "seconds": round(seconds, 6)})
+
+            async with on_finish(context, record):
+                yield
 
         received = metrics.msg_received.labels(*labels)
         sent = metrics.msg_sent.labels(*labels)

@@ -15,7 +15,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from bots_server import tracing
-from bots_server.service.interceptors import Continuation, status_of, wrap_handler
+from bots_server.service.interceptors import Continuation, on_finish, wrap_handler
 from bots_server.service.rpc_names import split_method
 
 # Requests name their experiment in one of these fields (the first message
@@ -58,17 +58,14 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
                 f"{service}/{method}", context=parent, kind=SpanKind.SERVER, attributes=attributes,
                 record_exception=False, set_status_on_exception=False,
             ) as span:  # fmt: skip
-                error: BaseException | None = None
-                try:
-                    yield
-                except BaseException as e:
-                    error = e
-                    raise
-                finally:
-                    code = status_of(context, error)
+
+                def record(code: grpc.StatusCode) -> None:
                     span.set_attribute("rpc.grpc.status_code", code.value[0])
                     if code in _SERVER_ERRORS:
                         span.set_status(Status(StatusCode.ERROR, code.name))
+
+                async with on_finish(context, record):
+                    yield
 
         # Both run inside `around`, where the call's span is the current one.
         def on_request(message: Any) -> None:
