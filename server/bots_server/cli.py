@@ -91,7 +91,7 @@ def _compact(args: argparse.Namespace) -> int:
     """Compact the event log of the database's experiments now, beside
     running servers or without them (store.compact clamps to each
     checkpoint and serializes with reports)."""
-    from bots_server.core.checkpoints import COMPACTION_STEPS_PER_TRANSACTION
+    from bots_server.core.checkpoints import compact_events
 
     if args.retention_steps < 1:
         print("error: --retention-steps must be >= 1", file=sys.stderr)
@@ -114,14 +114,8 @@ def _compact(args: argparse.Namespace) -> int:
                 rows += page
                 after = page[-1].name
         for row in rows:
-            through, removed, previous = row.step - args.retention_steps, 0, -1
-            while True:
-                done = store.compact(row.id, through, COMPACTION_STEPS_PER_TRANSACTION)
-                removed += done.outcomes + done.batch_tasks
-                if done.horizon >= through or done.horizon == previous:
-                    break
-                previous = done.horizon
-            print(f"{row.name}: step {row.step}, events compacted through step {done.horizon}, {removed} rows removed")
+            horizon, removed = compact_events(store, row.id, row.step - args.retention_steps)
+            print(f"{row.name}: step {row.step}, events compacted through step {horizon}, {removed} rows removed")
     finally:
         store.close()
     return 0

@@ -15,6 +15,7 @@ import time
 from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.runtime import Runtime
+from bots_server.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,19 @@ class CheckpointPolicy:
 # Steps one compaction transaction covers: bounds how long it holds the
 # write lock (SQLite) and how many rows it deletes at once.
 COMPACTION_STEPS_PER_TRANSACTION = 500
+
+
+def compact_events(store: Store, experiment_id: int, through_step: int) -> tuple[int, int]:
+    """Compact an experiment's events up to `through_step`, a transaction per
+    chunk, until done or held at its checkpoint: (horizon, rows removed).
+    Blocking; the server runs it on a worker, `bots-server compact` directly."""
+    removed, previous = 0, -1
+    while True:
+        done = store.compact(experiment_id, through_step, COMPACTION_STEPS_PER_TRANSACTION)
+        removed += done.outcomes + done.batch_tasks
+        if done.horizon >= through_step or done.horizon == previous:  # done, or held at the checkpoint
+            return done.horizon, removed
+        previous = done.horizon
 
 
 class Checkpoints:
@@ -85,24 +99,16 @@ class Checkpoints:
             await self._compact(live, step - self.policy.event_retention_steps)
 
     async def _compact(self, live: LiveExperiment, through_step: int) -> None:
-        """Compact the event log up to `through_step`, a transaction per
-        chunk, off the request path (it runs in the checkpoint's task)."""
+        """Compact the event log up to `through_step`, off the request path
+        (it runs in the checkpoint's task)."""
         runtime = self.runtime
-        removed, previous = 0, -1
         try:
-            while True:
-                done = await runtime.db(
-                    runtime.store.compact, live.id, through_step, COMPACTION_STEPS_PER_TRANSACTION
-                )
-                removed += done.outcomes + done.batch_tasks
-                if done.horizon >= through_step or done.horizon == previous:  # done, or held at the checkpoint
-                    break
-                previous = done.horizon
+            horizon, removed = await runtime.db(compact_events, runtime.store, live.id, through_step)
         except Exception:
             log.exception("compaction failed", extra={"experiment": live.name, "through_step": through_step})
             return
         if removed:
-            log.info("events compacted", extra={"experiment": live.name, "horizon": done.horizon, "rows": removed})
+            log.info("events compacted", extra={"experiment": live.name, "horizon": horizon, "rows": removed})
 
     def due(self) -> None:
         """Checkpoint every experiment whose last one is older than the policy allows."""
