@@ -207,7 +207,9 @@ class Runtime:
 
     @property
     def memory_bytes(self) -> int:
-        return sum(live.memory_bytes() for live in self.live.values())
+        # Also read by the metrics scrape on its own thread: list() takes the
+        # values in one step, so a load or eviction meanwhile cannot break it.
+        return sum(live.memory_bytes() for live in list(self.live.values()))
 
     def forget(self, name: str) -> LiveExperiment | None:
         """Drop an experiment (deleted here or elsewhere) from memory and metrics."""
