@@ -1,23 +1,30 @@
 """bots_client.integrations.verl.
 
-verl cannot join the project's test environment (every verl release pins
+verl cannot join the project's test environment (verl 0.7.x and 0.8.0 pin
 numpy < 2), so most tests drive the sampler with verl's data shapes, taken
 from verl 0.7.1's sources: a DataProto has `.batch` (a TensorDict of
 [rows, ...] tensors; "token_level_scores" is [rows, response_len] with the
 sequence score on the last response token) and `.non_tensor_batch` (numpy
 object arrays; "index" is extra_info.index, copied by RLHFDataset); rollouts
-are `repeat(n, interleave=True)` and `balance_batch` reorders rows. The last
-tests run verl itself (create_rl_sampler, RLHFDataset, StatefulDataLoader,
-DataProto) where verl is installed.
+are `repeat(n, interleave=True)` and `balance_batch` reorders rows. The
+`test_real_verl_*` tests run verl itself where it is installed
+(`make test-frameworks`): create_rl_sampler, RLHFDataset, StatefulDataLoader,
+DataProto, and the last two verl's default agent loop and reward loop with
+only the inference server standing in.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
+import inspect
 import itertools
 import logging
 import os
 import pickle
+import uuid
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -554,3 +561,191 @@ def test_real_verl_two_data_files_keyed_by_data_source_and_index(
     sampler.update(batch)
     got = counts(client, exp_name)
     assert {k: got[k] for k in keys} == dict.fromkeys(keys, (2.0, 0.0))
+
+
+# -- verl's default agent loop, run for real: only the inference server stands in -------
+
+N_ROLLOUTS = 3
+
+
+class RayHandle:
+    """A Ray actor handle's calling convention over a local object:
+    `handle.method.remote(...)` is awaitable, and arguments and results are
+    copied (pickled) as Ray copies them between processes."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def __getattr__(self, name: str) -> SimpleNamespace:
+        method = getattr(self._obj, name)
+
+        async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
+            result = method(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return pickle.loads(pickle.dumps(result))
+
+        return SimpleNamespace(remote=lambda *args, **kwargs: asyncio.ensure_future(call(args, kwargs)))
+
+
+class RolloutServer:
+    """Stands in for the vLLM/SGLang server behind the agent loop (its
+    `generate` is all verl calls). The prompt is "<tag> <i>"; the answer is
+    in that data source's format (gsm8k "#### 2i", MATH "\\boxed{2i}") and
+    right on i % 4 of each prompt's 3 rollouts, wrong (2i+1) on the rest."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.calls: collections.Counter[tuple[str, int]] = collections.Counter()
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       image_data: Any = None, video_data: Any = None) -> Any:  # fmt: skip
+        from verl.workers.rollout.replica import TokenOutput
+
+        tag, i = self.tokenizer.decode(prompt_ids).split()[:2]
+        rollout = self.calls[(tag, int(i))] % N_ROLLOUTS
+        self.calls[(tag, int(i))] += 1
+        answer = 2 * int(i) + (0 if rollout < int(i) % 4 else 1)
+        text = f"#### {answer}" if tag == "gsm8k" else f"\\boxed{{{answer}}}"
+        return TokenOutput(token_ids=self.tokenizer.encode(text), stop_reason="completed")
+
+
+def tiny_tokenizer_dir(path: Any) -> Any:
+    """A word-level tokenizer with a chat template and a one-layer model
+    config, saved where verl's HFModelConfig loads them from."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[EOS]", "####", "gsm8k", "math"]
+    words += [str(i) for i in range(40)] + [f"\\boxed{{{i}}}" for i in range(40)]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(path)
+    GPT2Config(vocab_size=len(words), n_positions=64, n_embd=8, n_layer=1, n_head=2, architectures=["GPT2LMHeadModel"],
+               bos_token_id=2, eos_token_id=2, pad_token_id=0).save_pretrained(path)  # fmt: skip
+    return tokenizer
+
+
+def agent_loop_files(tmp_path: Any, sources: dict[str, str]) -> list[str]:
+    """One parquet file per data source (source -> prompt tag), each numbering
+    extra_info.index from 0, as verl's gsm8k/MATH preprocessing scripts do."""
+    import datasets
+
+    paths = []
+    for source, tag in sources.items():
+        rows = [{"data_source": source, "prompt": [{"role": "user", "content": f"{tag} {i}"}],
+                 "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+                 "extra_info": {"index": i, "split": "train"}} for i in range(8)]  # fmt: skip
+        paths.append(str(tmp_path / f"{tag}.parquet"))
+        datasets.Dataset.from_list(rows).to_parquet(paths[-1])
+    return paths
+
+
+def run_fit_through_agent_loop(
+    tmp_path: Any, address: str, exp_name: str, sources: dict[str, str], steps: int, **sampler_config: Any
+) -> list[tuple[list[str], list[str], Any]]:
+    """verl 0.7.1's RayPPOTrainer.fit from the data loader to
+    `sampler.update(batch)`, with verl's own objects: RLHFDataset,
+    create_rl_sampler, _get_gen_batch, AgentLoopManager.generate_sequences ->
+    AgentLoopWorker -> the default single_turn_agent loop -> the reward loop
+    (RewardLoopWorker, naive manager, default_compute_score: verl's gsm8k
+    and MATH scorers), union, extract_reward. Ray is replaced by in-process
+    handles and the inference server by RolloutServer. Returns, per step,
+    the keys the sampler drew, the keys of the loader's rows, and the batch
+    `update()` got."""
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker, GlobalRequestLoadBalancer
+    from verl.experimental.reward_loop import RewardLoopWorker, migrate_legacy_reward_impl
+    from verl.trainer.main_ppo import create_rl_sampler
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.reward import extract_reward
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    tokenizer = tiny_tokenizer_dir(tmp_path / "model")
+    verl = need("verl")
+    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    cfg.actor_rollout_ref.model.path = str(tmp_path / "model")
+    cfg.actor_rollout_ref.rollout.name = "vllm"  # the server it would start; RolloutServer stands in
+    cfg.actor_rollout_ref.rollout.n = N_ROLLOUTS
+    cfg.data = OmegaConf.merge(cfg.data, {
+        **data_config(address, exp_name, **sampler_config), "train_files": agent_loop_files(tmp_path, sources),
+        "max_prompt_length": 8, "max_response_length": 4, "shuffle": False, "filter_overlong_prompts": False,
+        "cache_dir": str(tmp_path / "cache"),
+    })  # fmt: skip
+    cfg = migrate_legacy_reward_impl(cfg)  # as main_ppo does
+    dataset = RLHFDataset(data_files=list(cfg.data.train_files), tokenizer=tokenizer, config=cfg.data, processor=None)
+    sampler = create_rl_sampler(cfg.data, dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=collate_fn)
+
+    async def fit() -> list[tuple[list[str], list[str], Any]]:
+        # The default trainer has no reward model, so the agent loop streams rewards to the reward loop workers.
+        balancer = GlobalRequestLoadBalancer.__ray_actor_class__(server_actor_ids=["server-0"])
+        worker = AgentLoopWorker(cfg, [("server-0", RayHandle(RolloutServer(tokenizer)))], RayHandle(balancer),
+                                 [RayHandle(RewardLoopWorker(cfg))])  # fmt: skip
+        manager = AgentLoopManager.__new__(AgentLoopManager)  # without starting servers: only its dispatch
+        manager.agent_loop_workers = [RayHandle(worker)]
+        seen = []
+        for step, batch_dict in enumerate(itertools.islice(loader, steps), start=1):
+            batch = DataProto.from_single_dict(batch_dict)
+            rows = [f"{s}:{e['index']}" for s, e in zip(batch.non_tensor_batch["data_source"],
+                                                         batch.non_tensor_batch["extra_info"])]  # fmt: skip
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            gen_batch = RayPPOTrainer._get_gen_batch(None, batch)  # `self` is not used
+            gen_batch.meta_info["global_steps"] = step
+            gen_batch_output = await manager.generate_sequences(gen_batch.repeat(N_ROLLOUTS, interleave=True))
+            batch = batch.repeat(repeat_times=N_ROLLOUTS, interleave=True).union(gen_batch_output)
+            batch.batch["token_level_scores"], _ = extract_reward(batch)
+            drawn = list(sampler.last_batch.keys)
+            sampler.update(batch=batch)
+            seen.append((drawn, rows, batch))
+        return seen
+
+    return asyncio.run(fit())
+
+
+def expected_counts(drawn_per_step: list[list[str]]) -> dict[str, tuple[float, float]]:
+    """RolloutServer's outcomes: task i right on i % 4 of its 3 rollouts per draw."""
+    expected: dict[str, tuple[float, float]] = {}
+    for keys in drawn_per_step:
+        for key in keys:
+            right = float(int(key.rsplit(":", 1)[-1]) % 4)
+            s, f = expected.get(key, (0.0, 0.0))
+            expected[key] = (s + right, f + N_ROLLOUTS - right)
+    return expected
+
+
+def test_real_verl_default_agent_loop_keys_reach_update(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    need("verl.experimental.agent_loop")
+    seen = run_fit_through_agent_loop(tmp_path, address, exp_name, {"openai/gsm8k": "gsm8k"}, steps=2)
+    for drawn, rows, batch in seen:
+        assert [f"openai/gsm8k:{k}" for k in drawn] == rows  # default key_field: extra_info.index
+        assert "index" not in batch.non_tensor_batch  # the agent loop left it only inside extra_info
+        assert len(batch) == 4 * N_ROLLOUTS
+    got = counts(client, exp_name)
+    expected = expected_counts([[f"x:{k}" for k in drawn] for drawn, _, _ in seen])
+    assert {k: got[k.split(":")[1]] for k in expected} == expected
+    assert any(0 < s < N_ROLLOUTS for s, _ in expected.values())  # the rewards are not all alike
+    assert client.get_experiment(exp_name).step == 2
+
+
+def test_real_verl_default_agent_loop_two_files_keyed_by_data_source_and_index(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    need("verl.experimental.agent_loop")
+    sources = {"openai/gsm8k": "gsm8k", "lighteval/MATH": "math"}  # both number extra_info.index from 0
+    seen = run_fit_through_agent_loop(tmp_path, address, exp_name, sources, steps=4,
+                                      key_field=["data_source", "index"])  # fmt: skip
+    for drawn, rows, _ in seen:
+        assert drawn == rows
+    drawn_sources = {key.split(":")[0] for drawn, _, _ in seen for key in drawn}
+    assert drawn_sources == set(sources)  # both files' rows went through the loop
+    got = counts(client, exp_name)
+    expected = expected_counts([drawn for drawn, _, _ in seen])
+    assert {k: got[k] for k in expected} == expected
+    assert client.get_experiment(exp_name).step == 4
