@@ -24,9 +24,14 @@ def closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np
         p = alpha / (alpha + beta)
     else:
         p = rng.beta(alpha, beta)
-    score = -np.abs(params.target_success - p)
+    # -|p* - p| (then / tau + Gumbel) computed in place on the fresh array p:
+    # the same operations per element as the expression, without temporaries.
+    score = np.subtract(params.target_success, p, out=p)
+    np.abs(score, out=score)
+    np.negative(score, out=score)
     if params.selection_mode in _SOFTMAX_MODES:
-        score = score / params.temperature + rng.gumbel(size=score.shape[0])
+        np.divide(score, params.temperature, out=score)
+        np.add(score, rng.gumbel(size=score.shape[0]), out=score)
     return score
 
 
@@ -41,8 +46,60 @@ def expected_closeness(target: float, alpha: np.ndarray, beta: np.ndarray) -> np
     return -((mu - target) ** 2 + mu * (1 - mu) / (n + 1))
 
 
+# The sampled-threshold top-k (top_k) pays off only on pools much larger
+# than the batch; below these it takes the plain path.
+_MIN_POOL_FOR_THRESHOLD = 8192
+_MAX_BATCH_SHARE_FOR_THRESHOLD = 0.125
+# Scores looked at to place the threshold, and how many more tasks than the
+# batch it aims to keep (a few extra sample positions absorb sampling noise).
+_THRESHOLD_SAMPLE = 4096
+_THRESHOLD_HEADROOM = 2.0
+_THRESHOLD_EXTRA_POSITIONS = 8
+
+
 def top_k(score: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices of the k largest scores, best first; random among ties at the cut."""
+    """Indices of the k largest scores, best first; random among ties at the cut.
+
+    On a large pool, only the scores at or above a threshold read off a
+    deterministic sample of the scores are ranked (no random draw: the
+    stream is the same as ranking all of them). When at least k scores pass
+    it and none is NaN, the k largest, the cut and every score tied at the
+    cut are all among them, in the same relative order, so the batch is the
+    one ranking every score would give (see _top_k_of); otherwise all
+    scores are ranked."""
+    kept = _at_or_above_sampled_threshold(score, k)
+    if kept is None:
+        return _top_k_of(score, k, rng)
+    # kept is increasing, so mapping positions back preserves every order
+    # _top_k_of relies on (tie list, sort of the tied picks, stable sort).
+    return kept[_top_k_of(score[kept], k, rng)]
+
+
+def _at_or_above_sampled_threshold(score: np.ndarray, k: int) -> np.ndarray | None:
+    """Increasing indices of the scores not below a threshold that about
+    _THRESHOLD_HEADROOM * k scores reach, or None where that cannot help or
+    cannot be trusted (small pool, too few kept, NaN kept)."""
+    n = score.shape[0]
+    if n < _MIN_POOL_FOR_THRESHOLD or k > n * _MAX_BATCH_SHARE_FOR_THRESHOLD:
+        return None
+    sample = score[:: n // _THRESHOLD_SAMPLE]  # strided, not random: the stream stays untouched
+    wanted = int(sample.shape[0] * _THRESHOLD_HEADROOM * k / n) + _THRESHOLD_EXTRA_POSITIONS
+    position = sample.shape[0] - min(wanted, sample.shape[0])
+    threshold = np.partition(sample, position)[position]
+    # "not below" rather than ">=": a NaN is kept, then sends us to the full
+    # path, whose handling of NaN this one does not try to reproduce.
+    kept_mask = np.less(score, threshold)
+    np.logical_not(kept_mask, out=kept_mask)
+    kept = np.flatnonzero(kept_mask)
+    if kept.shape[0] < k or kept.shape[0] > n // 2 or np.isnan(score[kept]).any():
+        return None
+    return kept
+
+
+def _top_k_of(score: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Every score ranked: the cut is the k-th largest, the scores above it
+    are taken, and k minus their number of the scores equal to it are drawn
+    at random (rng.choice's draw depends only on how many are tied)."""
     n = score.shape[0]
     if k < n:
         cut = score[np.argpartition(score, n - k)[n - k]]

@@ -35,7 +35,23 @@ def select(
     if quotas is not None:
         return select_with_quotas(params, alpha, beta, available, batch_size, rng, quotas)
     score = strategies.get(params.strategy).score(params, alpha, beta, rng)
-    return top_k(np.where(available, score, -np.inf), batch_size, rng)
+    if available.all():
+        return top_k(score, batch_size, rng)
+    return top_k_available(score, available, batch_size, rng)
+
+
+def top_k_available(score: np.ndarray, available: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """top_k(np.where(available, score, -inf), k, rng), ranking only the
+    available tasks (a MoPPS candidate set is a few thousand of a million).
+
+    Exact when their scores are finite: there are at least k of them, so the
+    cut is finite and every score above or tied with it is an available one,
+    in the same index order (see top_k). Otherwise, as that expression."""
+    free = np.flatnonzero(available)
+    free_scores = score[free]
+    if not np.isfinite(free_scores).all():
+        return top_k(np.where(available, score, -np.inf), k, rng)
+    return free[top_k(free_scores, k, rng)]
 
 
 def _candidates(
