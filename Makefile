@@ -54,10 +54,11 @@ test: $(TEST_STAMP) tools
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The real verl and Trinity-RFT adapter tests, in an environment of their
-# own: every verl release pins numpy < 2, which the main environment (numpy
-# 2) cannot take. Exact pins (tests/integrations/frameworks-constraints.txt)
+# own: verl 0.7.x pins numpy < 2, which the main environment (numpy 2)
+# cannot take. Exact pins (tests/integrations/frameworks-constraints.txt)
 # keep the install fast and repeatable; under CI a missing framework fails
-# instead of skipping. .ci/run runs it after `make test`.
+# instead of skipping. cachetools: verl's agent loop imports it but verl does
+# not require it (vLLM brings it on GPU machines). .ci/run runs it after `make test`.
 FRAMEWORKS_VENV := .venv-frameworks
 FRAMEWORKS_CONSTRAINTS := tests/integrations/frameworks-constraints.txt
 FRAMEWORKS_STAMP := $(FRAMEWORKS_VENV)/.installed
@@ -67,7 +68,7 @@ $(FRAMEWORKS_STAMP): $(PYPROJECTS) $(FRAMEWORKS_CONSTRAINTS)
 	$(PYTHON) -m venv $(FRAMEWORKS_VENV)
 	$(FRAMEWORKS_VENV)/bin/python -m pip install --disable-pip-version-check --no-compile \
 	  -c $(FRAMEWORKS_CONSTRAINTS) verl==0.7.1 trinity-rft==0.6.0 greenlet pytest pytest-asyncio \
-	  torchdata tensorboard -e clients/python -e .
+	  torchdata tensorboard cachetools -e clients/python -e .
 	@touch $@
 
 test-frameworks: $(FRAMEWORKS_STAMP)

@@ -34,7 +34,6 @@ import json
 import math
 import os
 import resource
-import statistics
 import sys
 import time
 import uuid
@@ -220,9 +219,7 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
         groups.setdefault((r["backend"], r["pool"]), []).append(r)
 
     def fmt(values: list[float], digits: int = 2) -> str:
-        if not values:
-            return "-"
-        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+        return common.median_range(values, digits) if values else "-"
 
     for (backend, pool), rs in groups.items():
         lines.append(
@@ -270,23 +267,13 @@ METRICS: list[tuple[str, Any]] = [
 def compare(before: list[Path], after: list[Path]) -> list[str]:
     """Before/after per backend: the median over every run's values (range)."""
 
-    def runs(paths: list[Path]) -> list[dict[str, Any]]:
-        return [r for p in paths for r in json.loads(p.read_text())["runs"]]
+    def by_backend(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for r in (r for p in paths for r in json.loads(p.read_text())["runs"]):
+            runs.setdefault(r["backend"], []).append(r)
+        return runs
 
-    old, new = runs(before), runs(after)
-    lines = ["| backend | measure | before: median (range) | after: median (range) |", "|---|---|---|---|"]
-    for backend in dict.fromkeys(r["backend"] for r in old + new):
-        for label, read in METRICS:
-            cells = []
-            for group in (old, new):
-                values = [float(v) for r in group if r["backend"] == backend for v in read(r)]
-                cells.append(
-                    f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}), n={len(values)}"
-                    if values
-                    else "not measured"
-                )
-            lines.append(f"| {backend} | {label.strip()} | {cells[0]} | {cells[1]} |")
-    return lines
+    return common.before_after(METRICS, by_backend(before), by_backend(after))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,9 +11,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,6 +117,30 @@ def percentiles(values_s: Sequence[float]) -> dict[str, float]:
         "max": float(a.max()),
         "mean": float(a.mean()),
     }
+
+
+def median_range(values: Sequence[float], digits: int = 1) -> str:
+    """Repeated measurements as the docs' tables give them: `median (min-max)`."""
+    return f"{float(np.median(values)):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def before_after(
+    measures: Sequence[tuple[str, Callable[[dict[str, Any]], Iterable[float]]]],
+    before: Mapping[str, list[dict[str, Any]]],
+    after: Mapping[str, list[dict[str, Any]]],
+) -> list[str]:
+    """A before/after table: per backend (the keys of `before` and `after`,
+    their runs the values) and measure (a label and the values one run
+    gives), the median over every run's values (range, n)."""
+    lines = ["| backend | measure | before: median (range) | after: median (range) |", "|---|---|---|---|"]
+    for backend in dict.fromkeys([*before, *after]):
+        for label, read in measures:
+            cells = []
+            for runs in (before.get(backend, []), after.get(backend, [])):
+                values = [float(v) for r in runs for v in read(r)]
+                cells.append(f"{median_range(values, 2)}, n={len(values)}" if values else "not measured")
+            lines.append(f"| {backend} | {label.strip()} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 def write_json(path: Path, data: object, indent: int | None = 1) -> None:

@@ -52,6 +52,7 @@ if __package__ in (None, ""):  # `python bench/perf.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
+from bench.common import median_range as span
 
 BATCH = 256
 ROLLOUTS = 16
@@ -69,6 +70,8 @@ class PerfConfig:
     throughput_levels: tuple[int, ...] = (1, 8, 64)
     throughput_pool: int = 10_000
     throughput_seconds: float = 10.0
+    throughput_batch: int = 64  # the issue's 64 experiments x 10k tasks, batch 64
+    throughput_replicas: tuple[int, ...] = (1, 2, 3)  # servers on one database (PostgreSQL only)
     breakdown_pool: int = 100_000
     breakdown_steps: int = 60
     history_batches: tuple[int, ...] = (0, 1000, 5000)
@@ -86,6 +89,7 @@ QUICK = PerfConfig(
     engine_steps=15,
     crash_steps=10,
     throughput_seconds=3.0,
+    throughput_replicas=(1,),
     breakdown_steps=30,
     history_batches=(0, 1000),
     contention_seconds=3.0,
@@ -173,9 +177,11 @@ def engine_baseline(n: int, batch: int, steps: int) -> dict[str, Any]:
 
 
 class EngineStep:
-    """The in-process reference step (select B + apply_outcomes, as the
-    server runs them) on its own copy of a pool, one step per call, so that
-    it can be timed interleaved with the socket calls on the same pool."""
+    """The in-process reference step on its own copy of a pool, one step per
+    call, so that it can be timed interleaved with the socket calls on the
+    same pool: select B + update in plain numpy, the code a trainer would
+    run instead of the service (bench/reference_engine.py: the engine before
+    its fast paths, the same batches and posteriors bit for bit)."""
 
     def __init__(self, n: int, batch: int) -> None:
         from bots_server.engine import EngineParams, PosteriorState
@@ -190,7 +196,9 @@ class EngineStep:
 
     def step(self) -> float:
         """One step; its seconds."""
-        from bots_server.engine import apply_outcomes, select, step_rng
+        from bench.reference_engine import ref_apply_outcomes as apply_outcomes
+        from bench.reference_engine import ref_select as select
+        from bots_server.engine import step_rng
 
         outcomes = self.rng.integers(0, ROLLOUTS + 1, self.batch).astype(np.float64)
         started = time.perf_counter()
@@ -268,9 +276,6 @@ def _interleaved_table(runs: list[dict[str, Any]]) -> list[str]:
     for r in runs:
         groups.setdefault((r["backend"], r["pool"]), []).append(r)
 
-    def spread(values: list[float], digits: int = 1) -> str:
-        return f"{float(np.median(values)):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
     lines = [
         (
             "Round trip (SelectBatch + ReportOutcomes over the socket) against the in-process reference step "
@@ -283,9 +288,9 @@ def _interleaved_table(runs: list[dict[str, Any]]) -> list[str]:
     ]
     for (backend, pool), rs in groups.items():
         lines.append(
-            f"| {backend} | {pool:,} | {len(rs)} x {rs[0]['steps']} | {spread([r['round_trip']['p50'] for r in rs])} "
-            f"| {spread([r['reference_step']['p50'] for r in rs])} | {spread([r['ratio_p50'] for r in rs], 2)}x "
-            f"| {spread([r['p99_over_p50'] for r in rs], 2)} | {spread([r['server_cpu_ms_per_step'] for r in rs])} |"
+            f"| {backend} | {pool:,} | {len(rs)} x {rs[0]['steps']} | {span([r['round_trip']['p50'] for r in rs])} "
+            f"| {span([r['reference_step']['p50'] for r in rs])} | {span([r['ratio_p50'] for r in rs], 2)}x "
+            f"| {span([r['p99_over_p50'] for r in rs], 2)} | {span([r['server_cpu_ms_per_step'] for r in rs])} |"
         )
     return lines + [""]
 
@@ -493,44 +498,60 @@ def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Genera
 
 
 def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
+    """Steps per second with 1..N experiments stepped at once, each by its
+    own loop; on PostgreSQL also with 2 and 3 server replicas on the one
+    database, experiment i on replica i mod r (a trainer talks to one)."""
     import bots_client
 
     most = max(cfg.throughput_levels)
-    server = common.server_process(url).start()
     results: dict[str, Any] = {
         "backend": backend,
         "pool": cfg.throughput_pool,
+        "batch": cfg.throughput_batch,
         "seconds": cfg.throughput_seconds,
         "levels": [],
     }
-    try:
-        names = [f"tp-{i}" for i in range(most)]
-        tasks = make_tasks(cfg.throughput_pool)
-        started = time.perf_counter()
-        with bots_client.Client(server.address, timeout=600) as client:
-            for name in names:
-                client.create_experiment(name, experiment_config())
-                client.add_tasks(name, tasks)
-        log(
-            f"    {backend}: {most} experiments x {cfg.throughput_pool:,} tasks set up in {time.perf_counter() - started:.0f} s"
-        )
-        for level in cfg.throughput_levels:
-            level_result = asyncio.run(_throughput_level(server.address, names[:level], cfg, server.proc.pid))
-            results["levels"].append(level_result)
-            log(
-                f"    {backend}: {level:>3} concurrent experiments: {level_result['steps_per_s']:.1f} steps/s, "
-                f"select p50 {level_result['select']['p50']:.1f} ms, report p50 {level_result['report']['p50']:.1f} ms, "
-                f"server CPU {level_result['server_cpu_share']:.2f} cores, client CPU {level_result['client_cpu_share']:.2f}"
-            )
-    finally:
-        server.stop()
+    names = [f"tp-{i}" for i in range(most)]
+    replica_counts = cfg.throughput_replicas if backend == "postgresql" else (1,)
+    for replicas in replica_counts:
+        servers = [common.server_process(url).start() for _ in range(replicas)]
+        try:
+            if not results["levels"]:
+                tasks = make_tasks(cfg.throughput_pool)
+                started = time.perf_counter()
+                with bots_client.Client(servers[0].address, timeout=600) as client:
+                    for name in names:
+                        client.create_experiment(name, experiment_config())
+                        client.add_tasks(name, tasks)
+                log(
+                    f"    {backend}: {most} experiments x {cfg.throughput_pool:,} tasks set up in "
+                    f"{time.perf_counter() - started:.0f} s"
+                )
+            addresses = [server.address for server in servers]
+            pids = [server.proc.pid for server in servers]
+            for level in cfg.throughput_levels:
+                level_result = asyncio.run(_throughput_level(addresses, names[:level], cfg, pids))
+                level_result["replicas"] = replicas
+                results["levels"].append(level_result)
+                log(
+                    f"    {backend}: {replicas} replica(s), {level:>3} concurrent experiments: "
+                    f"{level_result['steps_per_s']:.1f} steps/s, select p50 {level_result['select']['p50']:.1f} ms "
+                    f"(p99 {level_result['select']['p99']:.1f}), report p50 {level_result['report']['p50']:.1f} ms "
+                    f"(p99 {level_result['report']['p99']:.1f}), server CPU {level_result['server_cpu_share']:.2f} "
+                    f"cores, client CPU {level_result['client_cpu_share']:.2f}"
+                )
+        finally:
+            for server in servers:
+                server.stop()
     return results
 
 
-async def _throughput_level(address: str, names: Sequence[str], cfg: PerfConfig, pid: int) -> dict[str, Any]:
+async def _throughput_level(
+    addresses: Sequence[str], names: Sequence[str], cfg: PerfConfig, pids: Sequence[int]
+) -> dict[str, Any]:
     import bots_client
 
-    client = bots_client.AsyncClient(address, timeout=120)
+    clients = [bots_client.AsyncClient(address, timeout=120) for address in addresses]
     sel: list[float] = []
     rep: list[float] = []
     steps = 0
@@ -541,10 +562,11 @@ async def _throughput_level(address: str, names: Sequence[str], cfg: PerfConfig,
     async def worker(name: str, seed: int) -> None:
         nonlocal steps
         rng = np.random.default_rng(seed)
+        client = clients[seed % len(clients)]
         while not stop:
             try:
                 t0 = time.perf_counter()
-                batch = await client.select_batch(name, cfg.batch_size)
+                batch = await client.select_batch(name, cfg.throughput_batch)
                 t1 = time.perf_counter()
                 outcomes = random_outcomes(batch.keys, rng)
                 t2 = time.perf_counter()
@@ -560,16 +582,17 @@ async def _throughput_level(address: str, names: Sequence[str], cfg: PerfConfig,
 
     workers = [asyncio.create_task(worker(name, i)) for i, name in enumerate(names)]
     await asyncio.sleep(min(2.0, cfg.throughput_seconds / 3))  # warm-up
-    cpu0, self0 = _cpu_seconds(pid), _self_cpu_seconds()
+    cpu0, self0 = sum(map(_cpu_seconds, pids)), _self_cpu_seconds()
     measuring = True
     started = time.perf_counter()
     await asyncio.sleep(cfg.throughput_seconds)
     measuring = False
     elapsed = time.perf_counter() - started
-    cpu1, self1 = _cpu_seconds(pid), _self_cpu_seconds()
+    cpu1, self1 = sum(map(_cpu_seconds, pids)), _self_cpu_seconds()
     stop = True
     await asyncio.gather(*workers, return_exceptions=True)
-    await client.close()
+    for client in clients:
+        await client.close()
     return {
         "experiments": len(names),
         "steps": steps,
@@ -1184,15 +1207,17 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
     if result.get("throughput"):
         lines += [
             "",
-            f"Throughput: concurrent experiments of {result['throughput'][0]['pool']:,} tasks each, one select + report loop per experiment:",
+            f"Throughput: concurrent experiments of {result['throughput'][0]['pool']:,} tasks each, batch "
+            f"{result['throughput'][0].get('batch', BATCH)}, one select + report loop per experiment; server CPU "
+            "summed over the replicas:",
             "",
-            "| backend | experiments | steps/s | SelectBatch p50 / p99 | ReportOutcomes p50 / p99 | server CPU (cores) | bench client CPU | errors |",
-            "|---|---|---|---|---|---|---|---|",
+            "| backend | replicas | experiments | steps/s | SelectBatch p50 / p99 | ReportOutcomes p50 / p99 | server CPU (cores) | bench client CPU | errors |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for t in result["throughput"]:
             for lv in t["levels"]:
                 lines.append(
-                    f"| {t['backend']} | {lv['experiments']} | {lv['steps_per_s']:.1f} | {_ms(lv['select'])} | {_ms(lv['report'])} | "
+                    f"| {t['backend']} | {lv.get('replicas', 1)} | {lv['experiments']} | {lv['steps_per_s']:.1f} | {_ms(lv['select'])} | {_ms(lv['report'])} | "
                     f"{lv['server_cpu_share']:.2f} | {lv['client_cpu_share']:.2f} | {sum(lv['errors'].values())} |"
                 )
     if result.get("breakdown"):
@@ -1279,6 +1304,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--throughput-levels", default=None, help="comma-separated concurrent experiments (default 1,8,64)"
     )
     parser.add_argument(
+        "--throughput-replicas", default=None, help="comma-separated PostgreSQL server replicas (default 1,2,3)"
+    )
+    parser.add_argument(
+        "--throughput-summary", default=None, help="comma-separated --out files of earlier runs: print their medians"
+    )
+    parser.add_argument(
         "--skip",
         default="",
         help="comma-separated parts to skip: interleaved,socket,engine,throughput,breakdown,history,contention,rebuild",
@@ -1289,8 +1320,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def throughput_summary(paths: Sequence[str]) -> list[str]:
+    """Medians (min-max) of repeated throughput runs (their --out files),
+    per backend, replica count and number of experiments."""
+    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for path in paths:
+        for t in json.loads(Path(path).read_text())["throughput"]:
+            for lv in t["levels"]:
+                cells.setdefault((t["backend"], lv.get("replicas", 1), lv["experiments"]), []).append(lv)
+
+    lines = [
+        f"Median (min-max) over {len(paths)} runs:",
+        "",
+        "| backend | replicas | experiments | steps/s | select p99 ms | report p99 ms | server CPU (cores) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (backend, replicas, experiments), lvs in cells.items():
+        lines.append(
+            f"| {backend} | {replicas} | {experiments} | {span([lv['steps_per_s'] for lv in lvs])} "
+            f"| {span([lv['select']['p99'] for lv in lvs], 0)} | {span([lv['report']['p99'] for lv in lvs], 0)} "
+            f"| {span([lv['server_cpu_share'] for lv in lvs], 2)} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.throughput_summary:
+        print("\n".join(throughput_summary(args.throughput_summary.split(","))))
+        return 0
     cfg = QUICK if args.quick else PerfConfig()
     if args.backends:
         cfg = dataclasses.replace(cfg, backends=tuple(args.backends.split(",")))
@@ -1304,6 +1362,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, repeats=args.repeats)
     if args.throughput_levels:
         cfg = dataclasses.replace(cfg, throughput_levels=tuple(int(x) for x in args.throughput_levels.split(",")))
+    if args.throughput_replicas:
+        cfg = dataclasses.replace(cfg, throughput_replicas=tuple(int(x) for x in args.throughput_replicas.split(",")))
     skip = set(filter(None, args.skip.split(",")))
     unknown = skip - {"interleaved", "socket", "engine", "throughput", "breakdown", "history", "contention", "rebuild"}
     if unknown:

@@ -17,6 +17,7 @@ the top innermost frames) and the raw collapsed stacks next to it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import re
 import shutil
@@ -32,7 +33,7 @@ if __package__ in (None, ""):  # `python bench/profile_step.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.perf import _cycle, experiment_config, log, make_tasks
+from bench.perf import _cycle, experiment_config, log, make_tasks, random_outcomes
 
 # Innermost matching frame wins; the first pattern that matches names the layer.
 LAYERS = [
@@ -78,35 +79,72 @@ def group(raw: str) -> dict[str, Any]:
     }
 
 
+async def _concurrent_cycles(address: str, names: list[str], batch: int, sampler: subprocess.Popen[bytes]) -> int:
+    """Select + report loops on every experiment at once until the sampler
+    ends; the steps done."""
+    import bots_client
+
+    steps = 0
+    async with bots_client.AsyncClient(address, timeout=600) as client:
+
+        async def loop(name: str, seed: int) -> None:
+            nonlocal steps
+            rng = np.random.default_rng(seed)
+            while sampler.poll() is None:
+                chosen = await client.select_batch(name, batch)
+                await client.report_outcomes(name, chosen.batch_id, random_outcomes(chosen.keys, rng))
+                steps += 1
+
+        await asyncio.gather(*(loop(name, i) for i, name in enumerate(names)))
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="sqlite")
     parser.add_argument("--pool", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument(
+        "--experiments", type=int, default=1, help="experiments stepped concurrently (one async loop each)"
+    )
+    parser.add_argument(
+        "--gil", action="store_true", help="sample only the thread holding the GIL: where the Python CPU goes"
+    )
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     import bots_client
 
     machine = common.machine_info()
-    stem = common.RESULTS / f"profile-{args.backend}-{args.pool}"
+    stem = common.RESULTS / (
+        f"profile-{args.backend}-{args.pool}"
+        + (f"-{args.experiments}x" if args.experiments > 1 else "")
+        + ("-gil" if args.gil else "")
+    )
     raw_path = stem.with_suffix(".txt")
     with common.database(args.backend) as url:
         server = common.server_process(url).start()
         try:
+            names = [f"profile-{i}" for i in range(args.experiments)]
+            tasks = make_tasks(args.pool)
             with bots_client.Client(server.address, timeout=600) as client:
-                client.create_experiment("profile", experiment_config())
-                client.add_tasks("profile", make_tasks(args.pool))
+                for name in names:
+                    client.create_experiment(name, experiment_config())
+                    client.add_tasks(name, tasks)
                 rng = np.random.default_rng(0)
                 for i in range(3):
-                    _cycle(client, "profile", f"warm-{i}", rng, args.batch)
+                    _cycle(client, names[0], f"warm-{i}", rng, args.batch)
                 cmd = [spy, "record", "--pid", str(server.proc.pid), "--duration", str(args.seconds)]
                 cmd += ["--rate", "200", "--nonblocking", "--format", "raw", "-o", str(raw_path)]
+                cmd += ["--gil"] if args.gil else []
                 sampler = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 steps, started = 0, time.perf_counter()
-                while sampler.poll() is None:
-                    _cycle(client, "profile", f"step-{steps}", rng, args.batch)
-                    steps += 1
+                if args.experiments == 1:
+                    while sampler.poll() is None:
+                        _cycle(client, names[0], f"step-{steps}", rng, args.batch)
+                        steps += 1
+                else:
+                    steps = asyncio.run(_concurrent_cycles(server.address, names, args.batch, sampler))
                 elapsed = time.perf_counter() - started
         finally:
             server.stop()

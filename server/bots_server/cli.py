@@ -42,8 +42,10 @@ DEFAULT_CALL_SECONDS = 10.0
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from bots_server.core import allocator
     from bots_server.service.server import serve
 
+    allocator.configure()
     config = settings.from_args(args)
     logs.configure(config.log_level, config.log_format, config.audit_log)
     asyncio.run(serve(config))

@@ -54,6 +54,50 @@ def test_calls_spread_over_replicas_match_a_single_server(databases: tuple[str, 
             process.stop()
 
 
+def test_replicas_with_stale_copies_choose_what_a_single_server_chooses(databases: tuple[str, str]) -> None:
+    """Each replica selects and reports from its copy in memory without
+    reading the database first; another replica's open batches, added tasks
+    and reports must still make it choose exactly what one server would."""
+    shared_db, single_db = databases
+    a, b = (ServerProcess(shared_db).start() for _ in range(2))
+    single = ServerProcess(single_db).start()
+    try:
+        ca, cb, reference = (bots_client.Client(p.address) for p in (a, b, single))
+        setup(ca, "run", pool=60)
+        setup(reference, "run", pool=60)
+        extra = [bots_client.Task(f"late-{i}", {"weak": 0.5, "strong": 0.5}) for i in range(30)]
+
+        def both(client: bots_client.Client, step: str) -> tuple[bots_client.Batch, bots_client.Batch]:
+            batch = client.select_batch("run", 20, request_key=step)
+            expected = reference.select_batch("run", 20, request_key=step)
+            assert batch.keys == expected.keys, step
+            return batch, expected
+
+        def report(client: bots_client.Client, pair: tuple[bots_client.Batch, bots_client.Batch], step: int) -> None:
+            for c, batch in ((client, pair[0]), (reference, pair[1])):
+                c.report_outcomes("run", batch.batch_id, {k: outcome(k, step) for k in batch.keys})
+
+        first = both(ca, "r1")  # a holds the experiment in memory from here on
+        second = both(cb, "r2")  # open on b: unknown to a's copy
+        third = both(ca, "r3")  # must leave r2's tasks out
+        assert not set(third[0].keys) & set(second[0].keys)
+        report(cb, first, 1)  # a's copy is a step behind
+        cb.add_tasks("run", extra)  # and a pool behind
+        reference.add_tasks("run", extra)
+        report(ca, third, 2)
+        fourth = both(ca, "r4")
+        report(ca, second, 3)
+        report(cb, fourth, 4)
+        fifth = both(ca, "r5")
+        report(ca, fifth, 5)
+        final = snapshot_bits(reference, "run")
+        assert snapshot_bits(ca, "run") == final
+        assert snapshot_bits(cb, "run") == final
+    finally:
+        for process in (a, b, single):
+            process.stop()
+
+
 def test_concurrent_writers_on_two_replicas_never_double_apply(databases: tuple[str, str]) -> None:
     shared_db, _ = databases
     replicas = [ServerProcess(shared_db).start() for _ in range(2)]

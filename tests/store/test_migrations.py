@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 import bots_client
 from bots_server.core.checkpoint_state import encode_state
 from bots_server.engine import PosteriorState
-from bots_server.store import checkpoint_blob, open_store
+from bots_server.store import checkpoint_blob, open_store, pieces
 from bots_server.store.revisions import MIGRATIONS
 from bots_server.store.sql import SqlStore
 from tests.support.servers import ServerProcess
@@ -71,6 +71,14 @@ def seed_experiment(store: SqlStore) -> None:
         conn.execute(t["batch_tasks"].insert().values(experiment_id=1, batch_id="b2", position=0, task_idx=0))
 
 
+def downgrade(store: SqlStore, revision: str) -> None:
+    with store.engine.begin() as conn:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)
+
+
 def test_revisions_are_a_single_line_ending_at_head() -> None:
     assert REVISIONS[0] == "0001"
     assert len(REVISIONS) >= 2
@@ -117,11 +125,7 @@ def test_the_config_json_revision_downgrades_and_upgrades_again(fresh_db_url: st
         stored = json.loads(conn.execute(sa.text("SELECT config FROM experiments WHERE id = 1")).scalar_one())
     assert stored["weak_feature"] == "w" and stored["seed"] == 0 and stored["forgetting"] == 0.1
     assert len(stored) == 14
-    with store.engine.begin() as conn:
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        config.attributes["connection"] = conn
-        command.downgrade(config, "0002")
+    downgrade(store, "0002")
     with store.engine.connect() as conn:
         row = conn.execute(sa.text("SELECT strategy, weak_feature, seed, forgetting FROM experiments")).one()
     assert tuple(row) == ("bots", "w", 0, 0.1)
@@ -147,16 +151,44 @@ def test_the_checkpoint_blob_revision_converts_per_row_checkpoints_and_back(fres
     assert content.num_tasks == 3
     assert arrays == {"alpha": [2.0, 3.0, 4.0], "beta": [3.0] * 3, "weak": [0.1] * 3, "strong": [0.6] * 3}
     assert content.scalars == {"capability": 0.5, "rho_halvings": 0}
-    with store.engine.begin() as conn:
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        config.attributes["connection"] = conn
-        command.downgrade(config, "0005")
+    downgrade(store, "0005")
     with store.engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT task_idx, alpha, beta FROM posteriors ORDER BY task_idx")).all()
         capability = conn.execute(sa.text("SELECT capability FROM checkpoints")).scalar_one()
     assert [tuple(r) for r in rows] == [(0, 2.0, 3.0), (1, 3.0, 3.0), (2, 4.0, 3.0)] and capability == 0.5
-    store.migrate()
+    store.migrate("0006")
     with store.engine.connect() as conn:
         assert bytes(conn.execute(sa.text("SELECT state FROM checkpoints")).scalar_one()) == bytes(blob)
+    store.close()
+
+
+def test_the_chunks_revision_splits_checkpoints_and_keys_and_joins_them_back(
+    fresh_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0008 moves the checkpoint value into chunks (here many, as small as
+    its header) and the task keys and groups into blocks, which a load reads
+    back unchanged; its downgrade puts the value back into one column."""
+    monkeypatch.setattr(pieces, "CHUNK_BYTES", 8)
+    monkeypatch.setattr(pieces, "KEY_BLOCK_TASKS", 2)
+    store = open_store(fresh_db_url)
+    assert isinstance(store, SqlStore)
+    store.migrate("0007")
+    seed_experiment(store)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE tasks SET group_name = 'g' WHERE task_idx = 1"))
+        blob = bytes(conn.execute(sa.text("SELECT state FROM checkpoints")).scalar_one())
+    store.migrate("0008")
+    with store.engine.connect() as conn:
+        chunks = conn.execute(sa.text("SELECT count(*) FROM checkpoint_chunks")).scalar_one()
+        blocks = conn.execute(sa.text("SELECT count(*) FROM task_key_blocks")).scalar_one()
+    assert chunks >= 2 and blocks == 2
+    rows = store.load(1)
+    assert rows is not None and rows.checkpoint is not None
+    assert rows.checkpoint.state == blob
+    assert (rows.keys, rows.groups) == (["k0", "k1", "k2"], ["", "g", ""])
+    downgrade(store, "0007")
+    with store.engine.connect() as conn:
+        assert bytes(conn.execute(sa.text("SELECT state FROM checkpoints")).scalar_one()) == blob
+    store.migrate()
+    assert store.load(1).checkpoint.state == blob
     store.close()

@@ -33,6 +33,7 @@ from bots_server.store import (
     UnsupportedDatabase,
     checkpoint_blob,
     open_store,
+    pieces,
 )
 from bots_server.store.postgresql import PostgresStore
 from bots_server.store.schema import metadata
@@ -322,7 +323,8 @@ def test_postgresql_view_reads_the_checkpointed_posterior_exactly(fresh_pg_url: 
                 "WHERE experiment = 'view' ORDER BY task_key"
             ).all()
             header = conn.exec_driver_sql(
-                "SELECT bots_checkpoint_header(state) -> 'scalars' -> 'capability' ->> 'value' FROM checkpoints"
+                "SELECT bots_checkpoint_header(data) -> 'scalars' -> 'capability' ->> 'value' "
+                "FROM checkpoint_chunks JOIN checkpoints USING (experiment_id, version) WHERE seq = 0"
             ).scalar_one()
         means = alpha / (alpha + beta)
         assert [tuple(r) for r in rows] == [
@@ -333,6 +335,34 @@ def test_postgresql_view_reads_the_checkpointed_posterior_exactly(fresh_pg_url: 
         assert float.fromhex(header) == 0.25
     finally:
         store.close()
+
+
+def test_a_checkpoint_in_many_chunks_reads_back_whole_and_leaves_no_old_chunks(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks as small as the header: every array spans many, and floats
+    sit at both ends of chunks. The value comes back byte for byte; a later
+    checkpoint's write removes the earlier one's chunks; on PostgreSQL the
+    view decodes each float from the chunk holding it."""
+    monkeypatch.setattr(pieces, "CHUNK_BYTES", 8)
+    n = 50
+    row = store.create_experiment("chunks", {}, NOW)
+    store.add_tasks(row.id, 0, [f"k{i:02d}" for i in range(n)], [{}] * n)
+    rng = np.random.default_rng(3)
+    alpha, beta = rng.gamma(2.0, size=n), rng.gamma(3.0, size=n)
+    first = checkpoint_blob.encode(n, {"alpha": alpha, "beta": beta}, {"capability": 0.5})
+    assert store.write_checkpoint(row.id, 1, n, first, NOW)
+    after_one = count_rows(store)
+    second = checkpoint_blob.encode(n, {"alpha": alpha + 1, "beta": beta}, {"capability": 0.75})
+    assert store.write_checkpoint(row.id, 2, n, second, LATER)
+    assert store.load(row.id).checkpoint == CheckpointRow(2, n, second, LATER)
+    assert count_rows(store) == after_one  # the first value's chunks are gone
+    if store.engine.dialect.name == "postgresql":
+        with store.engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT alpha, beta FROM task_posteriors WHERE experiment = 'chunks' ORDER BY task_key"
+            ).all()
+        assert [tuple(r) for r in rows] == list(zip((alpha + 1).tolist(), beta.tolist(), strict=True))
 
 
 # -- batches and reports -------------------------------------------------------------------------
@@ -363,6 +393,18 @@ def test_report_is_a_compare_and_set_on_the_step(store: SqlStore) -> None:
         store.commit_report(experiment, 0, event(1, "b2", 2, [1]), NOW)
     assert count_rows(store) == before
     assert store.find_experiment("cas").step == 1
+
+
+def test_report_given_the_pool_size_is_stale_after_tasks_were_added(store: SqlStore) -> None:
+    experiment = experiment_with_tasks(store, "grown", 2)
+    store.insert_batch(experiment, batch("b1", "r1", 0, [0]), NOW)
+    store.add_tasks(experiment, 2, ["k2"], [{}])  # by another replica: the writer below still has 2 tasks
+    before = count_rows(store)
+    with pytest.raises(StaleStep):
+        store.commit_report(experiment, 0, event(1, "b1", 2, [0]), NOW, num_tasks=2)
+    assert count_rows(store) == before
+    store.commit_report(experiment, 0, event(1, "b1", 3, [0]), NOW, num_tasks=3)
+    assert store.find_experiment("grown").step == 1
 
 
 def test_a_batch_reported_meanwhile_is_already_reported_and_writes_nothing(store: SqlStore) -> None:
@@ -400,6 +442,27 @@ def test_insert_batch_checks_step_and_leases_under_the_lock(store: SqlStore) -> 
     after = LATER + dt.timedelta(seconds=1)
     stored = store.insert_batch(experiment, BatchRow("b4", "r4", 0, [1, 2], after, after, None), after)
     assert stored.batch_id == "b4"
+
+
+def test_insert_batch_given_the_open_batches_checks_them_exactly(store: SqlStore) -> None:
+    # The caller chose among the tasks the batches it knows leave free: a
+    # batch it does not know (another replica's) voids the choice even when
+    # the tasks do not overlap, since knowing it could have changed the draw.
+    experiment = experiment_with_tasks(store, "known", 6)
+    store.insert_batch(experiment, batch("b1", "r1", 0, [0, 1]), NOW)
+    store.insert_batch(experiment, batch("b2", "r2", 0, [2], expires=NOW), NOW)  # expired at once
+    before = count_rows(store)
+    with pytest.raises(LeaseConflict):  # b1 is open, the caller knows none
+        store.insert_batch(experiment, batch("b3", "r3", 0, [4]), NOW, open_batches=[])
+    with pytest.raises(LeaseConflict):  # b2 expired: not open any more
+        store.insert_batch(experiment, batch("b3", "r3", 0, [4]), NOW, open_batches=["b1", "b2"])
+    with pytest.raises(StaleStep):  # the caller's copy has fewer tasks
+        store.insert_batch(experiment, batch("b3", "r3", 0, [4]), NOW, open_batches=["b1"], num_tasks=5)
+    assert count_rows(store) == before
+    stored = store.insert_batch(experiment, batch("b3", "r3", 0, [4]), NOW, open_batches=["b1"], num_tasks=6)
+    assert stored.batch_id == "b3"
+    opened = store.load(experiment, after_step=0, first_task=6, lookup=Lookup(leases_at=NOW)).open_batches
+    assert [(b.batch_id, b.task_idx) for b in opened] == [("b1", [0, 1]), ("b3", [4])]
 
 
 # -- several replicas on one database --------------------------------------------------------------

@@ -3,6 +3,7 @@ applying their reports (one step each, acknowledged once committed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import uuid
@@ -16,9 +17,9 @@ from bots_server.core.domain import Batch, Outcome, ReportResult
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView
 from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
-from bots_server.engine import apply_outcomes, batch_signals, select, step_rng
+from bots_server.engine import PosteriorState, apply_outcomes, batch_signals, select, step_rng
 from bots_server.errors import FailedPrecondition, InvalidArgument, NotFound
-from bots_server.store import BatchAlreadyReported, BatchRow, LeaseConflict, Lookup, StaleStep, StepEvent
+from bots_server.store import BatchAlreadyReported, BatchRow, LeaseConflict, Lookup, StaleStep, StepEvent, Store
 
 
 class Batches:
@@ -27,43 +28,61 @@ class Batches:
         self.checkpoints = checkpoints
 
     async def select(self, name: str, batch_size: int, request_key: str) -> Batch:
+        """The next batch: chosen from this replica's copy and stored in one
+        transaction, whose checks (the step, the pool, the open batches)
+        make it catch up and choose again when another replica changed the
+        experiment meanwhile. A request key that has its batch already gets
+        that batch."""
         validation.experiment_name(name)
         validation.batch_request(batch_size, request_key)
         rt = self.runtime
         async with rt.locked(name):
-            now = rt.clock()
-            # One read: catch up, the batch of this request key, the leases.
-            live, rows = await rt.ready(name, Lookup(request_key=request_key, leases_at=now))
+            live = await rt.resident(name)
+            if live.num_tasks < batch_size:  # this copy may be behind another replica's AddTasks
+                await rt.catch_up(live)
             if live.num_tasks == 0:
                 raise FailedPrecondition(f"experiment {name!r} has no tasks; add tasks first")
             if batch_size > live.num_tasks:
                 raise InvalidArgument(f"batch_size = {batch_size} is larger than the pool of {live.num_tasks} tasks")
-            if rows.batch is not None:
-                return _same_request(live, rows.batch, batch_size)
             request_key = request_key or uuid.uuid4().hex
-            leased = rows.leased or []
+            caught_up = False
             for _ in range(MAX_WRITE_ATTEMPTS):
-                chosen = await rt.run(_choose, live, leased, batch_size, request_key)
+                now = rt.clock()
                 row = BatchRow(
                     batch_id=uuid.uuid4().hex,
                     request_key=request_key,
                     step=live.step,
-                    task_idx=chosen,
+                    task_idx=[],
                     create_time=now,
                     lease_expire_time=now + dt.timedelta(seconds=live.config.lease_ttl_seconds),
                     reported_step=None,
                 )
                 try:
-                    stored = await rt.db(rt.store.insert_batch, live.id, row, now, live.pool_seq)
-                except (StaleStep, LeaseConflict):  # another replica reported, leased or retired meanwhile
-                    now = rt.clock()
-                    leased = (await rt.catch_up(live, Lookup(leases_at=now))).leased or []
+                    stored = await rt.db(_choose_and_store, rt.store, live, row, batch_size)
+                except (StaleStep, LeaseConflict):  # another replica reported, leased, added or retired meanwhile
+                    await rt.catch_up(live, Lookup(leases_at=rt.clock()))
                     continue
-                if stored.batch_id != row.batch_id:  # a racing call with the same key won
+                except FailedPrecondition:
+                    # Too few free tasks, as this copy sees them: unless this
+                    # request key has its batch already, or the copy was
+                    # behind, that is the answer.
+                    if caught_up:
+                        raise
+                    rows = await rt.catch_up(live, Lookup(request_key=request_key, leases_at=rt.clock()))
+                    if rows.batch is not None:
+                        return _same_request(live, rows.batch, batch_size)
+                    caught_up = True
+                    continue
+                if stored.batch_id != row.batch_id:  # this request key has its batch already
                     return _same_request(live, stored, batch_size)
+                # Expired leases are dropped here, so the map holds the batches in flight.
+                live.open_batches = {
+                    b: batch for b, batch in live.open_batches.items() if batch.lease_expire_time > now
+                }
+                live.open_batches[stored.batch_id] = stored
                 rt.notify(rt.observer.batch_selected, name, row.batch_id, batch_size, row.lease_expire_time.timestamp())
                 if live.has_groups:
-                    rt.notify(rt.observer.groups_selected, name, live.group_counts(chosen))
+                    rt.notify(rt.observer.groups_selected, name, live.group_counts(stored.task_idx))
                 audit.steps.info(
                     "batch selected",
                     extra={"experiment": name, "batch_id": row.batch_id, "step": live.step, "batch_size": batch_size},
@@ -76,60 +95,49 @@ class Batches:
 
         Tasks of the batch that are not reported count as unselected. A report
         after the batch's lease expired is still applied: the rollouts are real
-        evidence. An identical retry returns the first answer.
+        evidence. An identical retry returns the first answer. The update is
+        computed on this replica's copy and committed in one transaction
+        whose compare-and-set on the step makes it catch up and compute again
+        when another replica got there first.
         """
         validation.experiment_name(name)
         validation.outcomes(batch_id, outcomes)
         rt = self.runtime
         async with rt.locked(name):
-            live, rows = await rt.ready(name, Lookup(batch_id=batch_id))
-            batch = rows.batch
-            if batch is None:
-                raise NotFound(f"batch {batch_id!r} not found in experiment {name!r}")
-            if batch.compacted:  # reported long ago: its tasks are gone, nothing to match
-                return await self._repeated(live, batch, [], [], [])
-            task_idx, successes, trials = _match(live, batch, outcomes)
-            if batch.reported_step is not None:
-                return await self._repeated(live, batch, task_idx, successes, trials)
+            live = await rt.resident(name)
             for _ in range(MAX_WRITE_ATTEMPTS):
-                result = await rt.run(
-                    apply_outcomes,
-                    live.config,
-                    live.state,
-                    np.asarray(task_idx, dtype=np.int64),
-                    np.asarray(successes, dtype=np.float64),
-                    np.asarray(trials, dtype=np.float64),
-                )
-                capability = None if math.isnan(result.state.capability) else result.state.capability
-                event = StepEvent(
-                    step=live.step + 1,
-                    batch_id=batch_id,
-                    pool_size=live.num_tasks,
-                    task_idx=task_idx,
-                    successes=successes,
-                    trials=trials,
-                    capability=capability,
-                    capability_estimate=None if math.isnan(result.capability_estimate) else result.capability_estimate,
-                )
+                batch = live.open_batches.get(batch_id)
+                if batch is None:  # selected before a restart, on another replica, or reported already
+                    batch = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
+                    if batch is None:
+                        raise NotFound(f"batch {batch_id!r} not found in experiment {name!r}")
+                    if batch.compacted:  # reported long ago: its tasks are gone, nothing to match
+                        return await self._repeated(live, batch, [], [], [])
+                task_idx, successes, trials = _match(live, batch, outcomes)
+                if batch.reported_step is not None:
+                    return await self._repeated(live, batch, task_idx, successes, trials)
                 try:
-                    await rt.db(rt.store.commit_report, live.id, live.step, event, rt.clock())
-                except StaleStep:
+                    state, event = await rt.db(
+                        _apply_and_commit, rt.store, live, batch_id, task_idx, successes, trials, rt.clock()
+                    )
+                except StaleStep:  # another replica reported or added tasks meanwhile
                     await rt.catch_up(live)
                     continue
                 except BatchAlreadyReported:  # another replica applied it meanwhile
                     batch = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
                     assert batch is not None
                     return await self._repeated(live, batch, task_idx, successes, trials)
-                live.state, live.step = result.state, event.step
+                live.state, live.step = state, event.step
+                live.open_batches.pop(batch_id, None)
                 signals = batch_signals(successes, trials)
-                view = PosteriorView.of(event.step, result.state, live.config.target_success)
+                view = PosteriorView.of(event.step, state, live.config.target_success)
                 rt.notify(rt.observer.report_applied, name, batch_id, signals, view)
                 audit.steps.info(
                     "report applied",
                     extra={"experiment": name, "step": event.step, "batch_id": batch_id, "tasks": len(task_idx)},
                 )
                 self.checkpoints.after_step(live)
-                return ReportResult(step=event.step, capability=capability, duplicate=False)
+                return ReportResult(step=event.step, capability=event.capability, duplicate=False)
             raise contended(name)
 
     async def _repeated(
@@ -149,6 +157,22 @@ class Batches:
         return ReportResult(step=event.step, capability=event.capability, duplicate=True)
 
 
+def _choose_and_store(store: Store, live: LiveExperiment, row: BatchRow, batch_size: int) -> BatchRow:
+    """Choose a batch on `live` as of `row.step` and store it, on one worker
+    (blocking): the stored batch, or the one the request key has already."""
+    now = row.create_time
+    open_ids, leased = live.leased_at(now)
+    chosen = _choose(live, leased, batch_size, row.request_key)
+    return store.insert_batch(
+        live.id,
+        dataclasses.replace(row, task_idx=chosen),
+        now,
+        live.pool_seq,
+        open_batches=open_ids,
+        num_tasks=live.num_tasks,
+    )
+
+
 def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_key: str) -> list[int]:
     available = ~live.retired
     num_active = int(available.sum())
@@ -164,6 +188,38 @@ def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_ke
     rng = step_rng(live.config.seed, live.step, request_key)
     chosen = select(live.config, live.state.alpha, live.state.beta, available, batch_size, rng, live.quotas())
     return chosen.tolist()
+
+
+def _apply_and_commit(
+    store: Store,
+    live: LiveExperiment,
+    batch_id: str,
+    task_idx: list[int],
+    successes: list[float],
+    trials: list[int],
+    now: dt.datetime,
+) -> tuple[PosteriorState, StepEvent]:
+    """Apply a report to `live`'s state and commit it as the next step, on
+    one worker (blocking): the new state and the committed event."""
+    result = apply_outcomes(
+        live.config,
+        live.state,
+        np.asarray(task_idx, dtype=np.int64),
+        np.asarray(successes, dtype=np.float64),
+        np.asarray(trials, dtype=np.float64),
+    )
+    event = StepEvent(
+        step=live.step + 1,
+        batch_id=batch_id,
+        pool_size=live.num_tasks,
+        task_idx=task_idx,
+        successes=successes,
+        trials=trials,
+        capability=None if math.isnan(result.state.capability) else result.state.capability,
+        capability_estimate=None if math.isnan(result.capability_estimate) else result.capability_estimate,
+    )
+    store.commit_report(live.id, live.step, event, now, num_tasks=live.num_tasks)
+    return result.state, event
 
 
 def _same_request(live: LiveExperiment, existing: BatchRow, batch_size: int) -> Batch:
@@ -184,20 +240,21 @@ def _batch(live: LiveExperiment, row: BatchRow) -> Batch:
     return Batch(
         batch_id=row.batch_id,
         step=row.step,
-        keys=[live.keys[i] for i in row.task_idx],
+        keys=live.keys.take(row.task_idx),
         request_key=row.request_key,
         lease_expire_time=row.lease_expire_time,
     )
 
 
-def _match(live: LiveExperiment, batch: BatchRow, outcomes: Sequence[Outcome]) -> tuple[list[int], list[float], list[int]]:
+def _match(
+    live: LiveExperiment, batch: BatchRow, outcomes: Sequence[Outcome]
+) -> tuple[list[int], list[float], list[int]]:
     """Task indices, successes and trials sorted by task index (the order
     the event log stores, so a replay sums in the same order)."""
     in_batch = set(batch.task_idx)
     rows = []
-    for o in outcomes:
-        idx = live.index.get(o.key)
-        if idx is None:
+    for o, idx in zip(outcomes, live.keys.lookup([o.key for o in outcomes]).tolist(), strict=True):
+        if idx < 0:
             raise InvalidArgument(f"task {o.key!r} is not in experiment {live.name!r}")
         if idx not in in_batch:
             raise InvalidArgument(f"task {o.key!r} is not in batch {batch.batch_id!r}")

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 
+from bots_server.core.allocator import release_free_memory
 from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.runtime import Runtime
@@ -77,6 +78,7 @@ class Checkpoints:
         started = time.perf_counter()
         try:
             blob = await runtime.run(encode_state, state)
+            size = len(blob)
             await runtime.db(runtime.store.write_checkpoint, live.id, step, state.num_tasks, blob, runtime.clock())
         except Exception:
             log.exception("checkpoint failed", extra={"experiment": live.name, "step": step})
@@ -84,6 +86,8 @@ class Checkpoints:
         live.checkpoint_step = step
         live.checkpoint_time = time.monotonic()
         seconds = time.perf_counter() - started
+        del blob  # then give back its pages, and what the steps since the last checkpoint left free
+        await runtime.run(release_free_memory, state.num_tasks)
         runtime.notify(runtime.observer.checkpoint_written, live.name, step, seconds)
         log.info(
             "checkpoint written",
@@ -91,7 +95,7 @@ class Checkpoints:
                 "experiment": live.name,
                 "step": step,
                 "num_tasks": state.num_tasks,
-                "bytes": len(blob),
+                "bytes": size,
                 "seconds": round(seconds, 3),
             },
         )

@@ -33,6 +33,7 @@ class DatabaseHealth:
         self._down = asyncio.Event()
         self._ping: asyncio.Future[None] | None = None
         self._listeners: list[Callable[[bool], Awaitable[None]]] = []
+        self._waiting: set[asyncio.Future[Any]] = set()  # calls waiting on the database
 
     @property
     def bound_seconds(self) -> float:
@@ -65,6 +66,9 @@ class DatabaseHealth:
         else:
             self._down.set()
             log.warning("database not answering; not ready", extra={"error": reason})
+            for waiting in list(self._waiting):  # their threads finish or fail on their own later
+                if not waiting.done():
+                    waiting.set_exception(Unavailable("the database stopped answering; retry"))
         self.up = up
         for listener in self._listeners:
             await listener(up)
@@ -75,27 +79,33 @@ class DatabaseHealth:
             await asyncio.sleep(CHECK_INTERVAL_S)
             await self.check()
 
-    async def call(self, work: Awaitable[T]) -> T:
-        """`work` (a store call on a worker thread), or Unavailable as soon as
-        the database is found down while it waits."""
+    async def call(self, submit: Callable[[], asyncio.Future[T]]) -> T:
+        """The result of the work `submit` starts (a store call on a worker
+        thread), or Unavailable at once while the database is down, or as
+        soon as it is found down while the work waits. A plain callback
+        passes the result on: no task per call (a select or report makes one
+        call)."""
         if self._down.is_set():
-            close = getattr(work, "close", None)
-            if close is not None:
-                close()  # a coroutine that will never run
             raise Unavailable("the database is not answering; retry")
-        task = asyncio.ensure_future(work)
-        down = asyncio.ensure_future(self._down.wait())
+        work = submit()
+        released: asyncio.Future[T] = work.get_loop().create_future()
+
+        def finished(done: asyncio.Future[T]) -> None:
+            if released.done():  # released when the database went down, or the caller left
+                _ignore_result(done)
+            elif done.cancelled():
+                released.cancel()
+            elif (error := done.exception()) is not None:
+                released.set_exception(error)
+            else:
+                released.set_result(done.result())
+
+        work.add_done_callback(finished)
+        self._waiting.add(released)
         try:
-            await asyncio.wait((task, down), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            task.add_done_callback(_ignore_result)  # the caller left; the work ends on its own
-            raise
+            return await released
         finally:
-            down.cancel()
-        if task.done():
-            return task.result()
-        task.add_done_callback(_ignore_result)  # the stuck thread's late answer
-        raise Unavailable("the database stopped answering; retry")
+            self._waiting.discard(released)
 
 
 def _ignore_result(task: asyncio.Future[Any]) -> None:

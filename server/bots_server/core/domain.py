@@ -51,7 +51,7 @@ def config_settings() -> list[tuple[str, Setting, Any]]:
     return list(settings(ExperimentConfig))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: AddTasks may hold a million at once
 class Task:
     key: str
     features: Mapping[str, float] = field(default_factory=dict)

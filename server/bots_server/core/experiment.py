@@ -14,13 +14,21 @@ import numpy as np
 
 from bots_server.core.checkpoint_state import decode_state
 from bots_server.core.domain import ExperimentConfig
+from bots_server.core.limits import MAX_GROUPS
+from bots_server.core.task_keys import TaskKeys
 from bots_server.engine import PosteriorState, apply_outcomes
 from bots_server.engine.quotas import GroupQuotas
-from bots_server.store import LoadedRows, PoolEvent, RetirementEvent, StepEvent
+from bots_server.store import BatchRow, LoadedRows, PoolEvent, RetirementEvent, StepEvent
 
-# Per task key beyond its characters: the str object (49 bytes), its slot in
-# `keys` (8), its entry in `index` with the int it maps to (about 80).
-BYTES_PER_KEY = 137
+# A task's group number: MAX_GROUPS fits in 2 bytes (8 for int64).
+GROUP_DTYPE = np.int16
+assert np.iinfo(GROUP_DTYPE).max >= MAX_GROUPS
+
+# What an experiment costs beside its per-task arrays: the object, its
+# config, dicts, lists, small arrays, its lock and metric series.
+# bench/memory.py measured 18-27 KiB resident per experiment of 10 tasks
+# (docs/operations.md).
+EXPERIMENT_OVERHEAD_BYTES = 20_000
 
 
 @dataclass
@@ -36,8 +44,7 @@ class LiveExperiment:
     name: str
     config: ExperimentConfig  # also the engine's parameters
     create_time: dt.datetime
-    keys: list[str]
-    index: dict[str, int]
+    keys: TaskKeys  # keys[i], keys.lookup([...]) -> task indices (-1: none)
     state: PosteriorState
     step: int
     checkpoint_step: int
@@ -54,10 +61,14 @@ class LiveExperiment:
     # pool's events; `pool_seq` is the last one applied.
     group_names: list[str] = field(default_factory=list)
     group_index: dict[str, int] = field(default_factory=dict)
-    group_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    group_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=GROUP_DTYPE))
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)
     pool_seq: int = 0
-    key_characters: int = 0  # of every key, for memory_bytes
+    # The experiment's open batches as this copy knows them, by id (their
+    # leases may have expired since): a select leaves their tasks out, and
+    # the store checks, in the select's own transaction, that exactly these
+    # are open (another replica's batch makes it catch up and choose again).
+    open_batches: dict[str, BatchRow] = field(default_factory=dict)
 
     def take(self, other: LiveExperiment) -> None:
         """Become `other` (a rebuild of this experiment), keeping this object
@@ -67,12 +78,12 @@ class LiveExperiment:
                 setattr(self, f.name, getattr(other, f.name))
 
     def memory_bytes(self) -> int:
-        """About how much memory this experiment holds: its arrays, plus each
-        key as a str in `keys` and in `index` (docs/operations.md measures
-        the per-key figure)."""
+        """About how much memory this experiment holds: its arrays, its keys
+        and a fixed overhead (docs/operations.md compares it with the
+        resident memory it adds)."""
         arrays = sum(a.nbytes for a in vars(self.state).values() if isinstance(a, np.ndarray))
         arrays += self.retired.nbytes + self.group_of.nbytes
-        return arrays + self.num_tasks * BYTES_PER_KEY + self.key_characters
+        return arrays + self.keys.nbytes + EXPERIMENT_OVERHEAD_BYTES
 
     @property
     def num_tasks(self) -> int:
@@ -96,13 +107,17 @@ class LiveExperiment:
 
     def _take_keys(self, keys: Sequence[str], groups: Sequence[str] | None) -> None:
         """The keys and groups of tasks whose posterior `state` holds or is about to."""
-        start = len(self.keys)
-        self.key_characters += sum(map(len, keys))
+        if not keys:
+            return  # no group either: groups are numbered by first appearance
         self.keys.extend(keys)
-        self.index.update((key, start + i) for i, key in enumerate(keys))
         self.retired = np.concatenate([self.retired, np.zeros(len(keys), dtype=bool)])
-        numbers = [self._group_number(g) for g in (groups or [""] * len(keys))]
-        self.group_of = np.concatenate([self.group_of, np.asarray(numbers, dtype=np.int64)])
+        if groups:
+            for name in dict.fromkeys(groups):  # new groups numbered in order of first appearance
+                self._group_number(name)
+            numbers = np.fromiter(map(self.group_index.__getitem__, groups), dtype=GROUP_DTYPE, count=len(keys))
+        else:
+            numbers = np.full(len(keys), self._group_number(""), dtype=GROUP_DTYPE)
+        self.group_of = np.concatenate([self.group_of, numbers])
 
     def _group_number(self, name: str) -> int:
         number = self.group_index.get(name)
@@ -155,6 +170,7 @@ class LiveExperiment:
             )
             self.state = result.state
             self.step = event.step
+            self.open_batches.pop(event.batch_id, None)
 
     def apply_pool_events(self, events: Sequence[PoolEvent]) -> None:
         """Apply committed pool events, in order. A retirement sets its tasks'
@@ -208,8 +224,7 @@ class LiveExperiment:
             name=exp.name,
             config=config,
             create_time=exp.create_time,
-            keys=[],
-            index={},
+            keys=TaskKeys(),
             state=state,
             step=checkpoint.step,
             checkpoint_step=checkpoint.step,
@@ -219,7 +234,22 @@ class LiveExperiment:
             live.append_tasks(rows.keys[covered:], _floats(rows.weak), _floats(rows.strong), groups[covered:])
         live.replay(rows.events)
         live.apply_pool_events(rows.pool_events)
+        live.know_open_batches(rows)
         return live
+
+    def know_open_batches(self, rows: LoadedRows) -> None:
+        """Take the open batches a read found (when it asked for them)."""
+        if rows.open_batches is not None:
+            self.open_batches = {batch.batch_id: batch for batch in rows.open_batches}
+
+    def leased_at(self, now: dt.datetime) -> tuple[list[str], list[int]]:
+        """The batches open at `now` (ids) and their tasks, as this copy knows them."""
+        ids, tasks = [], []
+        for batch in self.open_batches.values():
+            if batch.lease_expire_time > now:
+                ids.append(batch.batch_id)
+                tasks.extend(batch.task_idx)
+        return ids, tasks
 
 
 def reference_rates(config: ExperimentConfig, features: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:

@@ -148,7 +148,7 @@ class Experiments:
         rt = self.runtime
         async with rt.locked(name):
             live, _ = await rt.ready(name)
-            state, step, keys, capability = live.state, live.step, list(live.keys), live.capability
+            state, step, keys, capability = live.state, live.step, live.keys, live.capability
             retired = live.retired
             groups = [live.group_names[g] for g in live.group_of.tolist()] if live.has_groups else None
         row = await rt.db(rt.store.find_experiment, name)
@@ -158,9 +158,9 @@ class Experiments:
         experiment = summary(
             dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches
         )
-        alpha, beta = await rt.run(lambda: (state.alpha.tolist(), state.beta.tolist()))
+        keys_list, alpha, beta = await rt.run(lambda: (keys.tolist(), state.alpha.tolist(), state.beta.tolist()))
         features = await rt.db(rt.store.load_features, live.id, len(keys)) if include_features else None
-        return Snapshot(experiment, keys, alpha, beta, features, retired.tolist(), groups)
+        return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups)
 
 
 def restored_state(data: RestoreData) -> bytes:

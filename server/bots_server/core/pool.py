@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bots_server.core import audit, limits, validation
+from bots_server.core.allocator import release_free_memory
 from bots_server.core.domain import GroupInfo, RetireResult, Task
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.limits import shown
@@ -41,10 +42,11 @@ class Pool:
             live, _ = await rt.ready(name)
             await rt.run(validation.tasks, live.config, tasks)
             keys = [task.key for task in tasks]
-            features = [dict(task.features) for task in tasks]
+            # The service hands dicts already: a copy of a million would double the peak.
+            features = [f if type(f) is dict else dict(f) for f in (task.features for task in tasks)]
             groups = [task.group for task in tasks]
             for _ in range(MAX_WRITE_ATTEMPTS):
-                taken = [key for key in keys if key in live.index]
+                taken = [keys[j] for j in np.flatnonzero(await rt.run(live.keys.lookup, keys) >= 0).tolist()]
                 if taken:
                     raise _already_has(name, taken)
                 new_groups = live.new_groups(groups)
@@ -61,6 +63,7 @@ class Pool:
                     await rt.catch_up(live)
                     continue
                 await rt.run(live.append_tasks, keys, *live.reference_rates(features), groups)
+                await rt.run(release_free_memory, len(keys))  # the request's transient buffers
                 rt.keep_within_budget()
                 rt.notify(rt.observer.tasks_added, name, live.num_tasks)
                 audit.experiments.info("tasks added", extra={"experiment": name, "added": len(keys), "num_tasks": live.num_tasks})
@@ -78,10 +81,9 @@ class Pool:
         async with rt.locked(name):
             live, _ = await rt.ready(name)
             for _ in range(MAX_WRITE_ATTEMPTS):
-                unknown = [key for key in keys if key not in live.index]
-                if unknown:
-                    raise _unknown_keys(what, name, unknown)
-                task_idx = np.fromiter((live.index[key] for key in keys), dtype=np.int64, count=len(keys))
+                task_idx = live.keys.lookup(keys)
+                if (task_idx < 0).any():
+                    raise _unknown_keys(what, name, [keys[j] for j in np.flatnonzero(task_idx < 0).tolist()])
                 changed = np.sort(task_idx[live.retired[task_idx] != retired])
                 if changed.size == 0:
                     return RetireResult(changed=0, num_retired=live.num_retired, num_tasks=live.num_tasks)

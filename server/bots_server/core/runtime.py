@@ -21,10 +21,11 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from bots_server import tracing
+from bots_server.core.allocator import release_free_memory
 from bots_server.core.database import DatabaseHealth
 from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
@@ -68,14 +69,17 @@ class Runtime:
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run blocking work on the pool, in this call's context (its request id)."""
-        loop = asyncio.get_running_loop()
+        return await self._submit(fn, *args, **kwargs)
+
+    def _submit(self, fn: Callable[..., T], *args: object, **kwargs: object) -> asyncio.Future[T]:
         context = contextvars.copy_context()
-        return await loop.run_in_executor(self._executor, functools.partial(context.run, fn, *args, **kwargs))
+        work = functools.partial(context.run, fn, *args, **kwargs)
+        return asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     async def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """A store call on the pool; Unavailable at once while the database
         is not answering (see core/database.py)."""
-        return await self.database.call(self.run(tracing.database_call(fn), *args, **kwargs))
+        return await self.database.call(functools.partial(self._submit, tracing.database_call(fn), *args, **kwargs))
 
     async def db_write_unless_cancelled(self, fn: Callable[..., T], *args: object) -> T:
         """A store write (taking `abandoned=`) that commits only if this call
@@ -91,9 +95,10 @@ class Runtime:
             raise
 
     def notify(self, hook: Callable[..., None], *args: object) -> None:
-        """Run an observer hook on a worker thread, off the request's path."""
-        future = self._executor.submit(hook, *args)
-        future.add_done_callback(_log_hook_failure)
+        """Run an observer hook soon, on the event loop, after the call that
+        notifies has moved on. Hooks only update counters (metrics.py): a
+        worker thread's hand-off cost more than the hook."""
+        asyncio.get_running_loop().call_soon(_run_hook, hook, args)
 
     @contextlib.asynccontextmanager
     async def locked(self, name: str) -> AsyncIterator[None]:
@@ -115,6 +120,20 @@ class Runtime:
     def locks_held(self) -> int:
         return len(self._locks)
 
+    async def resident(self, name: str) -> LiveExperiment:
+        """The experiment as this replica holds it, without reading the store
+        when it is in memory; rebuilt from the store if not. For calls whose
+        write checks in its own transaction that nothing changed meanwhile
+        (insert_batch's and commit_report's compare-and-sets), and catches up
+        only when that check fails: one transaction per call. Call under the
+        experiment's lock."""
+        live = self.live.pop(name, None)
+        if live is None:
+            live, _ = await self.ready(name)
+        else:
+            self.live[name] = live  # now the most recently used
+        return live
+
     async def ready(self, name: str, lookup: Lookup | None = None) -> tuple[LiveExperiment, LoadedRows]:
         """The experiment, rebuilt from the store if not in memory, and caught
         up with whatever other replicas committed; with the rows `lookup` asks
@@ -131,14 +150,24 @@ class Runtime:
             raise NotFound(f"experiment {name!r} not found")
         config = ExperimentConfig.from_dict(row.config)
         started = time.perf_counter()
-        rows = await self.db(self.store.load, row.id, reference_features=config.reference_features, lookup=lookup)
+        rows = await self.db(
+            self.store.load, row.id, reference_features=config.reference_features, lookup=self._with_leases(lookup)
+        )
         if rows is None:
             raise NotFound(f"experiment {name!r} not found")
         live = await self.run(LiveExperiment.rebuild, rows, config)
+        # The loaded keys are in `live` now: free them, and their pages.
+        rows = dataclasses.replace(rows, keys=[], weak=[], strong=[], groups=[])
+        await self.run(release_free_memory, live.num_tasks)
         self.live[name] = live
         self.keep_within_budget()
         seconds = time.perf_counter() - started
-        self.notify(self.observer.experiment_loaded, name, PosteriorView.of(live.step, live.state, live.config.target_success), seconds)
+        self.notify(
+            self.observer.experiment_loaded,
+            name,
+            PosteriorView.of(live.step, live.state, live.config.target_success),
+            seconds,
+        )
         if live.num_retired:
             self.notify(self.observer.tasks_retired, name, live.num_retired, live.num_tasks)
         log.info(
@@ -170,7 +199,10 @@ class Runtime:
             # Another replica compacted events this copy has not applied:
             # rebuild it from the checkpoint, in place (callers hold `live`).
             full = await self.db(
-                self.store.load, live.id, reference_features=live.config.reference_features, lookup=lookup
+                self.store.load,
+                live.id,
+                reference_features=live.config.reference_features,
+                lookup=self._with_leases(lookup),
             )
             if full is None:
                 self.forget(live.name)
@@ -179,9 +211,16 @@ class Runtime:
             return full
         if rows.keys or rows.events or rows.pool_events:
             await self.run(live.catch_up, rows)
+        live.know_open_batches(rows)
         if rows.pool_events:  # retirements another replica committed
             self.notify(self.observer.tasks_retired, live.name, live.num_retired, live.num_tasks)
         return rows
+
+    def _with_leases(self, lookup: Lookup | None) -> Lookup:
+        """`lookup`, also asking for the open batches (a rebuilt copy starts
+        knowing them)."""
+        lookup = lookup or Lookup()
+        return lookup if lookup.leases_at is not None else dataclasses.replace(lookup, leases_at=self.clock())
 
     def keep_within_budget(self) -> None:
         """Over the memory budget, drop the least recently used experiments
@@ -231,6 +270,8 @@ def contended(name: str) -> Unavailable:
     return Unavailable(f"experiment {name!r} is being changed by other writers; retry")
 
 
-def _log_hook_failure(future: Future[None]) -> None:
-    if future.exception() is not None:
-        log.error("observer hook failed", exc_info=future.exception())
+def _run_hook(hook: Callable[..., None], args: tuple[object, ...]) -> None:
+    try:
+        hook(*args)
+    except Exception:
+        log.exception("observer hook failed")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from bots_server.store.records import (
@@ -180,7 +180,8 @@ class Store(abc.ABC):
 
         `lookup`: the batch with `lookup.batch_id`, else the one with
         `lookup.request_key` (None if there is none), and, with
-        `lookup.leases_at`, the tasks of batches still open at that time.
+        `lookup.leases_at`, the batches still open at that time, with their
+        tasks.
 
         `pool_events`: the pool's events (retirements, group shares) with
         seq after `after_pool_event`, by seq (a rebuild passes 0: all of
@@ -213,9 +214,11 @@ class Store(abc.ABC):
     def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
         """Replace the experiment's checkpoint with `state`, the state of
         tasks 0..num_tasks-1 at `step` (bytes the store does not interpret;
-        the core writes checkpoint_blob.py's format). One value, one row:
-        its cost follows its bytes, and it locks nothing selects and reports
-        of the experiment take.
+        the core writes checkpoint_blob.py's format). Written in chunks of
+        about a megabyte, each its own short transaction, then made current
+        by one small one: its cost follows its bytes, no transaction holds a
+        write lock (SQLite) for more than a chunk, and it locks nothing
+        selects and reports of the experiment take.
 
         False, and nothing written, if a checkpoint at or after `step` exists
         already. Concurrent writers of one experiment's checkpoint are
@@ -226,18 +229,28 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def insert_batch(
-        self, experiment_id: int, batch: BatchRow, now: dt.datetime, pool_seq: int | None = None
+        self,
+        experiment_id: int,
+        batch: BatchRow,
+        now: dt.datetime,
+        pool_seq: int | None = None,
+        *,
+        open_batches: Collection[str] | None = None,
+        num_tasks: int | None = None,
     ) -> BatchRow:
         """Store a batch chosen at step `batch.step`, atomically with its checks.
 
-        Holds the experiment's row lock, which serializes selects and reports
-        of the experiment across replicas, while it checks, in this order:
-        a batch with the same request key exists (a racing call) -> that
-        batch is returned and nothing written; the experiment is no longer at
-        `batch.step`, or (given `pool_seq`) its last pool event is
-        not `pool_seq` -> StaleStep; a chosen task is in a batch still
-        open at `now` -> LeaseConflict. Otherwise the batch is stored and
-        returned.
+        One transaction. Holds the experiment's row lock, which serializes
+        selects and reports of the experiment across replicas, while it
+        checks, in this order: a batch with the same request key exists (a
+        racing call) -> that batch is returned and nothing written; the
+        experiment is no longer at `batch.step`, or (given `num_tasks`) no
+        longer has that many tasks, or (given `pool_seq`) its last pool event
+        is not `pool_seq` -> StaleStep; given `open_batches` (the ids of the
+        batches the caller believes open at `now`, whose tasks it left out),
+        the batches open at `now` are not exactly those -> LeaseConflict;
+        without it, a chosen task is in a batch still open at `now` ->
+        LeaseConflict. Otherwise the batch is stored and returned.
         """
 
     @abc.abstractmethod
@@ -264,12 +277,17 @@ class Store(abc.ABC):
         row lock, a compare-and-set on the last seq (StaleStep)."""
 
     @abc.abstractmethod
-    def commit_report(self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime) -> None:
+    def commit_report(
+        self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime, num_tasks: int | None = None
+    ) -> None:
         """Append one step's event, mark its batch reported at `event.step`
-        and advance the experiment to `event.step`, atomically.
+        and advance the experiment to `event.step`, atomically, in one
+        transaction.
 
         The step is a compare-and-set: StaleStep if the experiment is no
-        longer at `expected_step` (another writer got there first).
-        BatchAlreadyReported if the batch was reported meanwhile. Nothing is
-        written in either case. Once this returns the event is durable.
+        longer at `expected_step` (another writer got there first) or, given
+        `num_tasks`, no longer has that many tasks (another writer added
+        some). BatchAlreadyReported if the batch was reported meanwhile (or
+        does not exist). Nothing is written in either case. Once this
+        returns the event is durable.
         """

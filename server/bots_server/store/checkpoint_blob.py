@@ -1,7 +1,7 @@
 """The checkpoint's format: named arrays and scalars in one byte string.
 
-A checkpoint is written as one value per experiment (checkpoints.state), so
-its cost follows its bytes, not its rows. The format knows no field names:
+A checkpoint is written as one value per experiment (stored in chunks:
+schema.checkpoint_chunks), so its cost follows its bytes, not its rows. The format knows no field names:
 the core stores whatever its state holds, and a field added later rides
 along without a change here.
 
@@ -18,7 +18,8 @@ Layout (version 1), all integers little-endian:
 
 Floats are written as float.hex() (exact, NaN and infinities included).
 PostgreSQL's view `task_posteriors` reads alpha and beta straight out of it
-(migration 0006). Readers accept every version written so far.
+(migrations 0006 and 0008: the header from the first chunk, each float from
+the chunk holding it). Readers accept every version written so far.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ def encode(num_tasks: int, arrays: Mapping[str, np.ndarray], scalars: Mapping[st
         parts.append(a.tobytes())
         parts.append(bytes(_padded(a.nbytes) - a.nbytes))
     return b"".join(parts)
+
+
+def data_start(blob: bytes) -> int:
+    """Where a blob's arrays start: the length of its prefix and header
+    (0 for a value that is not a checkpoint: the store keeps any bytes)."""
+    if len(blob) < _PREFIX.size or blob[: len(MAGIC)] != MAGIC:
+        return 0
+    _magic, _version, header_length = _PREFIX.unpack_from(blob)
+    return int(_PREFIX.size + header_length)
 
 
 def decode(blob: bytes) -> CheckpointContent:

@@ -42,6 +42,14 @@ class PostgresStore(SqlStore):
         # the compare-and-set updates), not in this process.
         return self.engine.connect()
 
+    @contextmanager
+    def _chunk_write(self) -> Iterator[Connection]:
+        # An asynchronous commit: the checkpoint's final commit waits for the
+        # WAL to be flushed up to it, these records included.
+        with self._write() as conn:
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            yield conn
+
     def _snapshot(self, conn: Connection) -> None:
         conn.execution_options(isolation_level="REPEATABLE READ")
 

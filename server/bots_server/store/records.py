@@ -95,7 +95,8 @@ class BatchRow:
 @dataclass(frozen=True)
 class Lookup:
     """Rows a call needs besides the experiment's new state, read in the same
-    transaction: a batch (by id or request key) and the leased tasks."""
+    transaction: a batch (by id or request key) and the batches open at
+    `leases_at` (selected, not reported, lease not expired)."""
 
     batch_id: str = ""
     request_key: str = ""
@@ -116,9 +117,16 @@ class LoadedRows:
     checkpoint: CheckpointRow | None  # None when only reading what is new
     events: list[StepEvent]  # steps after the requested one, ascending
     batch: BatchRow | None = None  # Lookup.batch_id / request_key
-    leased: list[int] | None = None  # with Lookup.leases_at
+    open_batches: list[BatchRow] | None = None  # with Lookup.leases_at
     pool_events: list[PoolEvent] = field(default_factory=list)  # after load's after_pool_event, by seq
     groups: list[str] = field(default_factory=list)  # the group of each task in `keys` ("": none)
+
+    @property
+    def leased(self) -> list[int] | None:
+        """The tasks of the open batches (with Lookup.leases_at)."""
+        if self.open_batches is None:
+            return None
+        return [idx for batch in self.open_batches for idx in batch.task_idx]
 
 
 @dataclass(frozen=True)

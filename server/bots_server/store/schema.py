@@ -1,11 +1,14 @@
 """Tables. The migrations in store/migrations create exactly this schema
 (tests/store/test_migrations.py compares them).
 
-The posterior is checkpointed as one value per experiment: `checkpoints.state`
-holds every array and scalar of the in-memory state of tasks
-0..num_tasks-1 as of `checkpoints.step`, in the format of checkpoint_blob.py
-(revision 0006; before it, one `posteriors` row per task, which made a
-checkpoint cost a row per task). `steps` and `outcomes` are the append-only
+The posterior is checkpointed as one value per experiment, holding every
+array and scalar of the in-memory state of tasks 0..num_tasks-1 as of
+`checkpoints.step`, in the format of checkpoint_blob.py (revision 0006;
+before it, one `posteriors` row per task, which made a checkpoint cost a row
+per task). The value is stored in `checkpoint_chunks` (revision 0008), each
+chunk written in its own short transaction, so that no write transaction
+holds SQLite's write lock for long; `checkpoints.version` names the chunks
+that make up the current value. `steps` and `outcomes` are the append-only
 event log after it. On PostgreSQL the view `task_posteriors` reads keys and
 the checkpointed alpha and beta out of it for plain-SQL reading.
 """
@@ -78,10 +81,49 @@ checkpoints = Table(
     Column("step", BigInteger, nullable=False),
     Column("num_tasks", BigInteger, nullable=False),  # the state covers tasks 0..num_tasks-1
     Column("create_time", DateTime(timezone=True), nullable=False),
-    # The whole state as one value (checkpoint_blob.py); empty before the
-    # first checkpoint of tasks. Stored uncompressed on PostgreSQL (STORAGE
-    # EXTERNAL): floats do not compress, and slices read without detoasting it all.
-    Column("state", LargeBinary, nullable=False),
+    # The chunks of the current value (revision 0008): those of
+    # checkpoint_chunks with this version, in seq order, each `chunk_bytes`
+    # long but the last. No chunks: the empty value (no checkpoint of tasks yet).
+    Column("version", BigInteger, nullable=False, server_default="0"),
+    Column("chunk_bytes", BigInteger, nullable=False, server_default="0"),
+)
+
+# The checkpoint value in pieces (revision 0008). A writer adds the chunks of
+# a new version first, then switches `checkpoints.version` to it; chunks of
+# a version that is not current and whose `step` is at or below the
+# checkpoint's can never become current, and are removed. The foreign key
+# names `checkpoints`, not `experiments`: inserting a chunk then locks
+# nothing that selects and reports lock (PostgreSQL). Stored uncompressed on
+# PostgreSQL (STORAGE EXTERNAL): floats do not compress, and the view reads
+# 8-byte slices without detoasting a chunk.
+checkpoint_chunks = Table(
+    "checkpoint_chunks",
+    metadata,
+    Column(
+        "experiment_id",
+        Integer,
+        ForeignKey("checkpoints.experiment_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("version", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("step", BigInteger, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
+# The task keys (and groups) in blocks of consecutive tasks (revision 0008),
+# written with the tasks: a rebuild reads a million keys as a few values
+# instead of a million rows. `keys`: the keys of tasks first_task ..
+# first_task+num_tasks-1 in UTF-8, joined by NUL (no key holds one);
+# `groups`: their groups likewise, NULL when none of them has one.
+task_key_blocks = Table(
+    "task_key_blocks",
+    metadata,
+    _experiment_id(),
+    Column("first_task", BigInteger, primary_key=True, autoincrement=False),
+    Column("num_tasks", BigInteger, nullable=False),
+    Column("keys", LargeBinary, nullable=False),
+    Column("groups", LargeBinary, nullable=True),
 )
 
 steps = Table(

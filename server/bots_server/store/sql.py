@@ -17,7 +17,8 @@ import datetime as dt
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import secrets
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -26,7 +27,7 @@ from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, Engine
 
 from bots_server.errors import AlreadyExists, Unavailable
-from bots_server.store import revisions
+from bots_server.store import pieces, revisions
 from bots_server.store import schema as t
 from bots_server.store.base import Store
 from bots_server.store.errors import Abandoned, BatchAlreadyReported, LeaseConflict, StaleStep
@@ -113,6 +114,7 @@ class SqlStore(Store):
         self.url = url
         self.engine = engine
         self.on_error = on_error
+        self._locked_step = self._lock_row(_STEP_AND_NUM_TASKS)
 
     @property
     def display_url(self) -> str:
@@ -126,6 +128,19 @@ class SqlStore(Store):
             yield conn
             if abandoned is not None and abandoned():
                 raise Abandoned()
+
+    def _chunk_write(self) -> AbstractContextManager[Connection]:
+        """A write transaction adding or removing checkpoint chunks. Its
+        commit need not be durable on its own: the later, durable commit that
+        makes new chunks current makes them durable too (the log is written
+        in order), and stale chunks lost in a crash are removed again; so a
+        dialect may skip the sync here."""
+        return self._write()
+
+    def _settle_chunks(self) -> None:
+        """Called after a checkpoint's chunks are written, before they are
+        made current, holding no lock: work their writes left (SQLite: the
+        WAL's copy into the database file)."""
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[Connection]:
@@ -170,9 +185,7 @@ class SqlStore(Store):
                     conn, name=name, tenant=tenant, step=0, num_tasks=0, create_time=now, config=_config_json(config)
                 )
                 conn.execute(
-                    t.checkpoints.insert().values(
-                        experiment_id=experiment_id, step=0, num_tasks=0, create_time=now, state=b""
-                    )
+                    t.checkpoints.insert().values(experiment_id=experiment_id, step=0, num_tasks=0, create_time=now)
                 )
         except exc.IntegrityError as e:
             raise AlreadyExists(f"experiment {name!r} already exists") from e
@@ -218,11 +231,20 @@ class SqlStore(Store):
                         for i, (k, f, g) in enumerate(zip(copy.keys, copy.features, groups, strict=True))
                     )
                     self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
+                self._copy_key_blocks(conn, experiment_id, copy)
+                version, size = _new_version(), pieces.chunk_bytes(copy.state)
                 conn.execute(
                     t.checkpoints.insert().values(
-                        experiment_id=experiment_id, step=copy.step, num_tasks=n, create_time=now, state=copy.state
+                        experiment_id=experiment_id,
+                        step=copy.step,
+                        num_tasks=n,
+                        create_time=now,
+                        version=version,
+                        chunk_bytes=size,
                     )
                 )
+                for seq, data in enumerate(pieces.chunks(copy.state, size)):
+                    _insert_chunk(conn, experiment_id, version, seq, copy.step, data)
                 if len(copy.retired):
                     retired = ((experiment_id, 1, int(i), True, copy.step, now) for i in sorted(copy.retired))
                     self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, retired)
@@ -241,6 +263,17 @@ class SqlStore(Store):
         return ExperimentRow(
             experiment_id, copy.name, copy.config, copy.step, n, copy.capability, now, copy.forked_from, copy.step
         )
+
+    def _copy_key_blocks(self, conn: Connection, experiment_id: int, copy: ExperimentCopy) -> None:
+        """The key blocks of a copy's tasks (the source's first num_tasks, or the given keys)."""
+        if copy.source_id is not None:
+            keys, groups = self._read_keys(conn, copy.source_id, 0, copy.num_tasks)
+        else:
+            assert copy.keys is not None
+            keys, groups = list(copy.keys), list(copy.groups or [])
+        for first in range(0, len(keys), pieces.KEY_BLOCK_TASKS):
+            end = first + pieces.KEY_BLOCK_TASKS
+            _insert_key_block(conn, experiment_id, first, keys[first:end], groups[first:end])
 
     def _name_taken(self, name: str) -> bool:
         with self._read() as conn:
@@ -272,7 +305,8 @@ class SqlStore(Store):
     @_translate_errors
     def delete_experiment(self, experiment_id: int) -> bool:
         with self._write() as conn:
-            tables = (t.group_shares, t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps, t.checkpoints, t.tasks)
+            tables: tuple[sa.Table, ...] = (t.group_shares, t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps)
+            tables += (t.checkpoint_chunks, t.checkpoints, t.task_key_blocks, t.tasks)
             for table in tables:
                 conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
             deleted = conn.execute(t.experiments.delete().where(t.experiments.c.id == experiment_id)).rowcount
@@ -313,6 +347,7 @@ class SqlStore(Store):
                     for i, (key, f, g) in enumerate(zip(keys, features, groups, strict=True))
                 )
                 self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
+                _insert_key_block(conn, experiment_id, expected_num_tasks, keys, groups)
         except exc.IntegrityError as e:
             existing = self._existing_keys(experiment_id, keys, limit=5)
             raise AlreadyExists(f"task keys already in the experiment: {existing}") from e
@@ -361,10 +396,7 @@ class SqlStore(Store):
             strong: list[float | None] = []
             groups: list[str] = []
             if features_from > first_task:
-                query = self._tasks_query(experiment_id, first_task, features_from, t.tasks.c.key, t.tasks.c.group_name)
-                for key, g in conn.execute(query):
-                    keys.append(key)
-                    groups.append(g or "")
+                keys, groups = self._read_keys(conn, experiment_id, first_task, features_from)
             if features_from < experiment.num_tasks:
                 # Only the two reference features are needed: extracted in SQL,
                 # without decoding every task's JSON in Python.
@@ -377,16 +409,50 @@ class SqlStore(Store):
                     strong.append(s)
                     groups.append(g or "")
             events = self._read_events(conn, experiment_id, after_step, experiment.step)
-            batch = leased = None
+            batch = open_batches = None
             if lookup is not None:
                 if lookup.batch_id:
                     batch = self._find_batch(conn, experiment_id, t.batches.c.batch_id == lookup.batch_id)
                 elif lookup.request_key:
                     batch = self._find_batch(conn, experiment_id, t.batches.c.request_key == lookup.request_key)
                 if lookup.leases_at is not None:
-                    leased = list(conn.execute(_leased_tasks(experiment_id, lookup.leases_at)).scalars())
+                    open_batches = _read_open_batches(conn, experiment_id, lookup.leases_at)
             pool_events = _read_pool_events(conn, experiment_id, after_pool_event)
-        return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, leased, pool_events, groups)
+        return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, open_batches, pool_events, groups)
+
+    def _read_keys(self, conn: Connection, experiment_id: int, start: int, stop: int) -> tuple[list[str], list[str]]:
+        """Keys and groups ("": none) of tasks start..stop-1, from their blocks:
+        a few values, not a row per task."""
+        blocks = conn.execute(
+            sa.select(
+                t.task_key_blocks.c.first_task,
+                t.task_key_blocks.c.num_tasks,
+                t.task_key_blocks.c["keys"],
+                t.task_key_blocks.c.groups,
+            )
+            .where(
+                t.task_key_blocks.c.experiment_id == experiment_id,
+                t.task_key_blocks.c.first_task < stop,
+                t.task_key_blocks.c.first_task + t.task_key_blocks.c.num_tasks > start,
+            )
+            .order_by(t.task_key_blocks.c.first_task)
+        )
+        keys: list[str] = []
+        groups: list[str] = []
+        position = start
+        for first, count, block_keys, block_groups in blocks:
+            if first > position:
+                raise RuntimeError(f"experiment {experiment_id}: the keys of tasks {position}..{first - 1} are missing")
+            cut = slice(position - first, min(stop - first, count))
+            keys.extend(pieces.split_texts(block_keys, count)[cut])
+            if block_groups is None:
+                groups.extend([""] * (cut.stop - cut.start))
+            else:
+                groups.extend(pieces.split_texts(block_groups, count)[cut])
+            position = first + cut.stop
+        if position != stop:
+            raise RuntimeError(f"experiment {experiment_id}: the keys of tasks {position}..{stop - 1} are missing")
+        return keys, groups
 
     @staticmethod
     def _tasks_query(experiment_id: int, start: int, stop: int, *columns: Any) -> sa.Select[Any]:
@@ -415,9 +481,13 @@ class SqlStore(Store):
 
     def _read_checkpoint(self, conn: Connection, experiment_id: int) -> CheckpointRow:
         row = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
-        return CheckpointRow(
-            step=row.step, num_tasks=row.num_tasks, state=bytes(row.state), create_time=_utc(row.create_time)
-        )
+        chunks = conn.execute(
+            sa.select(t.checkpoint_chunks.c.data)
+            .where(t.checkpoint_chunks.c.experiment_id == experiment_id, t.checkpoint_chunks.c.version == row.version)
+            .order_by(t.checkpoint_chunks.c.seq)
+        ).scalars()
+        state = b"".join(chunks)
+        return CheckpointRow(step=row.step, num_tasks=row.num_tasks, state=state, create_time=_utc(row.create_time))
 
     def _read_events(self, conn: Connection, experiment_id: int, after_step: int, until_step: int) -> list[StepEvent]:
         """Events of steps after_step+1 .. until_step, ascending."""
@@ -493,107 +563,148 @@ class SqlStore(Store):
 
     @_translate_errors
     def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
-        # One statement: the compare-and-set on the step serializes writers
-        # (the row stays locked until commit). It touches neither the
-        # experiment row nor any other table, so selects and reports of the
-        # experiment (which lock its row) never wait for it on PostgreSQL.
+        # The chunks of a new version first, each in its own transaction (so
+        # SQLite's write lock is held for one chunk at a time, not for the
+        # whole value), then one small transaction that makes the version
+        # current. Nothing here locks what selects and reports lock: the
+        # chunks' foreign key names the checkpoint row, not the experiment.
+        with self._read() as conn:
+            current = conn.execute(
+                sa.select(t.checkpoints.c.step).where(t.checkpoints.c.experiment_id == experiment_id)
+            ).scalar_one_or_none()
+        if current is None or current >= step:
+            return False
+        version, size = _new_version(), pieces.chunk_bytes(state)
+        for seq, data in enumerate(pieces.chunks(state, size)):
+            with self._chunk_write() as conn:
+                _insert_chunk(conn, experiment_id, version, seq, step, data)
+        self._settle_chunks()
         with self._write() as conn:
+            # Compare-and-set on the step: of two writers (replicas) one wins.
             updated = conn.execute(
                 t.checkpoints.update()
                 .where(t.checkpoints.c.experiment_id == experiment_id, t.checkpoints.c.step < step)
-                .values(step=step, num_tasks=num_tasks, create_time=now, state=state)
+                .values(step=step, num_tasks=num_tasks, create_time=now, version=version, chunk_bytes=size)
             ).rowcount
+        self._remove_stale_chunks(experiment_id)
         return updated == 1
+
+    def _remove_stale_chunks(self, experiment_id: int) -> None:
+        """Remove chunks that can never be read again: those of a version
+        other than the current one, of a step at or below the checkpoint's
+        (a writer's version becomes current only above it, so chunks a
+        writer is still adding are never among them). A few per transaction."""
+        c = t.checkpoint_chunks
+        with self._read() as conn:
+            stale = conn.execute(
+                sa.select(c.c.version, c.c.seq)
+                .join(t.checkpoints, t.checkpoints.c.experiment_id == c.c.experiment_id)
+                .where(
+                    c.c.experiment_id == experiment_id,
+                    c.c.step <= t.checkpoints.c.step,
+                    c.c.version != t.checkpoints.c.version,
+                )
+                .order_by(c.c.version, c.c.seq)
+            ).all()
+        for start in range(0, len(stale), _STALE_CHUNKS_PER_TRANSACTION):
+            group = stale[start : start + _STALE_CHUNKS_PER_TRANSACTION]
+            with self._chunk_write() as conn:  # need not be durable: lost, they are removed next time
+                for version, seq in group:
+                    conn.execute(
+                        c.delete().where(c.c.experiment_id == experiment_id, c.c.version == version, c.c.seq == seq)
+                    )
 
     # -- batches and reports --------------------------------------------------
 
     def _find_batch(self, conn: Connection, experiment_id: int, condition: Any) -> BatchRow | None:
-        row = conn.execute(
-            sa.select(t.batches).where(t.batches.c.experiment_id == experiment_id, condition)
-        ).one_or_none()
-        if row is None:
-            return None
-        task_idx = conn.execute(
-            sa.select(t.batch_tasks.c.task_idx)
-            .where(t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id == row.batch_id)
-            .order_by(t.batch_tasks.c.position)
-        ).scalars()
-        tasks = list(task_idx)
-        return BatchRow(
-            batch_id=row.batch_id,
-            request_key=row.request_key,
-            step=row.step,
-            task_idx=tasks,
-            create_time=_utc(row.create_time),
-            lease_expire_time=_utc(row.lease_expire_time),
-            reported_step=row.reported_step,
-            compacted=not tasks and row.reported_step is not None,
-        )
+        found = _read_batches(conn, experiment_id, condition)
+        return found[0] if found else None
 
     @_translate_errors
     def insert_batch(
-        self, experiment_id: int, batch: BatchRow, now: dt.datetime, pool_seq: int | None = None
+        self,
+        experiment_id: int,
+        batch: BatchRow,
+        now: dt.datetime,
+        pool_seq: int | None = None,
+        *,
+        open_batches: Collection[str] | None = None,
+        num_tasks: int | None = None,
     ) -> BatchRow:
         with self._write() as conn:
-            query = sa.select(t.experiments.c.step).where(t.experiments.c.id == experiment_id)
-            step = conn.execute(self._lock_row(query)).scalar_one_or_none()
-            existing = self._find_batch(conn, experiment_id, t.batches.c.request_key == batch.request_key)
-            if existing is not None:
+            # The lock first, then the checks in a statement of their own: on
+            # PostgreSQL a statement that waited for the lock reads with the
+            # snapshot it started with, blind to what the holder committed.
+            locked = conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
+            known = sorted(set(open_batches or ()))
+            checks = conn.execute(
+                _SELECT_CHECKS,
+                {"experiment_id": experiment_id, "request_key": batch.request_key, "now": now, "known": known},
+            ).one()
+            if checks.existing is not None:
+                existing = self._find_batch(conn, experiment_id, t.batches.c.batch_id == checks.existing)
+                assert existing is not None
                 return existing
-            if step != batch.step:
+            if locked is None or locked.step != batch.step:
                 raise StaleStep()
-            if pool_seq is not None and _last_pool_event(conn, experiment_id) != pool_seq:
+            if num_tasks is not None and locked.num_tasks != num_tasks:
                 raise StaleStep()
-            chosen = set(batch.task_idx)
-            if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
-                raise LeaseConflict()
+            if pool_seq is not None and max(checks.retired_seq, checks.shares_seq) != pool_seq:
+                raise StaleStep()
+            if open_batches is not None:
+                # The caller chose among the tasks these batches leave free:
+                # any other open batch (another replica's) voids the choice.
+                if not checks.open == checks.open_known == len(known):
+                    raise LeaseConflict()
+            else:
+                chosen = set(batch.task_idx)
+                if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
+                    raise LeaseConflict()
             conn.execute(
-                t.batches.insert().values(
-                    experiment_id=experiment_id,
-                    batch_id=batch.batch_id,
-                    request_key=batch.request_key,
-                    step=batch.step,
-                    batch_size=len(batch.task_idx),
-                    create_time=batch.create_time,
-                    lease_expire_time=batch.lease_expire_time,
-                    reported_step=None,
-                )
+                _INSERT_BATCH,
+                {
+                    "experiment_id": experiment_id,
+                    "batch_id": batch.batch_id,
+                    "request_key": batch.request_key,
+                    "step": batch.step,
+                    "batch_size": len(batch.task_idx),
+                    "create_time": batch.create_time,
+                    "lease_expire_time": batch.lease_expire_time,
+                    "reported_step": None,
+                },
             )
             rows = ((experiment_id, batch.batch_id, i, idx) for i, idx in enumerate(batch.task_idx))
             self._bulk_insert(conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), rows)
         return batch
 
     @_translate_errors
-    def commit_report(self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime) -> None:
+    def commit_report(
+        self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime, num_tasks: int | None = None
+    ) -> None:
+        expected = {"experiment_id": experiment_id, "expected_step": expected_step, "new_step": event.step}
+        advance = _ADVANCE_STEP
+        if num_tasks is not None:
+            advance, expected["b_num_tasks"] = _ADVANCE_STEP_SAME_POOL, num_tasks
         with self._write() as conn:
-            advanced = conn.execute(
-                t.experiments.update()
-                .where(t.experiments.c.id == experiment_id, t.experiments.c.step == expected_step)
-                .values(step=event.step)
-            ).rowcount
+            advanced = conn.execute(advance, expected).rowcount
             if advanced != 1:
                 raise StaleStep()
             marked = conn.execute(
-                t.batches.update()
-                .where(
-                    t.batches.c.experiment_id == experiment_id,
-                    t.batches.c.batch_id == event.batch_id,
-                    t.batches.c.reported_step.is_(None),
-                )
-                .values(reported_step=event.step)
+                _MARK_REPORTED, {"b_experiment_id": experiment_id, "b_batch_id": event.batch_id, "new_step": event.step}
             ).rowcount
             if marked != 1:
                 raise BatchAlreadyReported()  # rolls the step back too
             conn.execute(
-                t.steps.insert().values(
-                    experiment_id=experiment_id,
-                    step=event.step,
-                    batch_id=event.batch_id,
-                    pool_size=event.pool_size,
-                    capability=event.capability,
-                    capability_estimate=event.capability_estimate,
-                    create_time=now,
-                )
+                _INSERT_STEP,
+                {
+                    "experiment_id": experiment_id,
+                    "step": event.step,
+                    "batch_id": event.batch_id,
+                    "pool_size": event.pool_size,
+                    "capability": event.capability,
+                    "capability_estimate": event.capability_estimate,
+                    "create_time": now,
+                },
             )
             rows = (
                 (experiment_id, event.step, i, s, n)
@@ -704,14 +815,133 @@ _RETIREMENT_COLUMNS = ("experiment_id", "seq", "task_idx", "retired", "step", "c
 
 _TASK_COLUMNS = ("experiment_id", "task_idx", "key", "features", "group_name")
 
+# Deleting a chunk frees its pages: cheap, but a transaction each would cost
+# a commit (an fsync on SQLite) each.
+_STALE_CHUNKS_PER_TRANSACTION = 8
+
+
+def _new_version() -> int:
+    """A checkpoint version number, unique among one experiment's writers
+    (replicas) in practice; 0 is the empty value's."""
+    return secrets.randbits(62) + 1
+
+
+def _insert_chunk(conn: Connection, experiment_id: int, version: int, seq: int, step: int, data: bytes) -> None:
+    conn.execute(
+        t.checkpoint_chunks.insert().values(experiment_id=experiment_id, version=version, seq=seq, step=step, data=data)
+    )
+
+
+def _insert_key_block(
+    conn: Connection, experiment_id: int, first_task: int, keys: Sequence[str], groups: Sequence[str]
+) -> None:
+    """One block of task keys (and groups, if any task has one)."""
+    named = [g or "" for g in groups] if any(groups) else []
+    conn.execute(
+        t.task_key_blocks.insert().values(
+            experiment_id=experiment_id,
+            first_task=first_task,
+            num_tasks=len(keys),
+            keys=pieces.join_texts(keys),
+            groups=pieces.join_texts(named) if named else None,
+        )
+    )
+
 
 def _last_pool_event(conn: Connection, experiment_id: int) -> int:
     """The seq of the experiment's last pool event (retirement or shares), 0 if none."""
-    last = 0
-    for table in (t.retirements, t.group_shares):
-        query = sa.select(sa.func.coalesce(sa.func.max(table.c.seq), 0)).where(table.c.experiment_id == experiment_id)
-        last = max(last, int(conn.execute(query).scalar_one()))
-    return last
+    row = conn.execute(_LAST_POOL_EVENTS, {"experiment_id": experiment_id}).one()
+    return max(row)
+
+
+def _read_open_batches(conn: Connection, experiment_id: int, now: dt.datetime) -> list[BatchRow]:
+    """The batches open at `now`, each with its tasks in selection order."""
+    return _read_batches(conn, experiment_id, _open_batch(experiment_id, now))
+
+
+def _read_batches(conn: Connection, experiment_id: int, condition: Any) -> list[BatchRow]:
+    """The experiment's batches that meet `condition`, oldest first, each
+    with its tasks in selection order (none left: compacted)."""
+    batches = conn.execute(
+        sa.select(t.batches)
+        .where(t.batches.c.experiment_id == experiment_id, condition)
+        .order_by(t.batches.c.create_time, t.batches.c.batch_id)
+    ).all()
+    if not batches:
+        return []
+    tasks: dict[str, list[int]] = {}
+    for batch_id, idx in conn.execute(
+        sa.select(t.batch_tasks.c.batch_id, t.batch_tasks.c.task_idx)
+        .where(
+            t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id.in_([b.batch_id for b in batches])
+        )
+        .order_by(t.batch_tasks.c.batch_id, t.batch_tasks.c.position)
+    ):
+        tasks.setdefault(batch_id, []).append(idx)
+    return [
+        BatchRow(
+            batch_id=b.batch_id,
+            request_key=b.request_key,
+            step=b.step,
+            task_idx=tasks.get(b.batch_id, []),
+            create_time=_utc(b.create_time),
+            lease_expire_time=_utc(b.lease_expire_time),
+            reported_step=b.reported_step,
+            compacted=b.batch_id not in tasks and b.reported_step is not None,
+        )
+        for b in batches
+    ]
+
+
+# The statements of every select and report, built once with bound
+# parameters: building them per call cost more than running them.
+_ID: sa.BindParameter[int] = sa.bindparam("experiment_id")
+_STEP_AND_NUM_TASKS = sa.select(t.experiments.c.step, t.experiments.c.num_tasks).where(t.experiments.c.id == _ID)
+_LAST_POOL_EVENTS = sa.select(
+    *(
+        sa.select(sa.func.coalesce(sa.func.max(table.c.seq), 0)).where(table.c.experiment_id == _ID).scalar_subquery()
+        for table in (t.retirements, t.group_shares)
+    )
+)
+_OPEN_NOW = sa.and_(
+    t.batches.c.experiment_id == _ID,
+    t.batches.c.reported_step.is_(None),
+    t.batches.c.lease_expire_time > sa.bindparam("now"),
+)
+# What insert_batch checks after taking the lock, in one round trip: the
+# batch of the request key, the last pool events, and how many batches are
+# open and how many of those are among the `known` ones.
+_SELECT_CHECKS = sa.select(
+    sa.select(t.batches.c.batch_id)
+    .where(t.batches.c.experiment_id == _ID, t.batches.c.request_key == sa.bindparam("request_key"))
+    .scalar_subquery()
+    .label("existing"),
+    _LAST_POOL_EVENTS.selected_columns[0].label("retired_seq"),
+    _LAST_POOL_EVENTS.selected_columns[1].label("shares_seq"),
+    sa.select(sa.func.count()).where(_OPEN_NOW).scalar_subquery().label("open"),
+    sa.select(sa.func.count())
+    .where(_OPEN_NOW, t.batches.c.batch_id.in_(sa.bindparam("known", expanding=True)))
+    .scalar_subquery()
+    .label("open_known"),
+)
+_INSERT_BATCH = t.batches.insert()
+_ADVANCE_STEP = (
+    t.experiments.update()
+    .where(t.experiments.c.id == _ID, t.experiments.c.step == sa.bindparam("expected_step"))
+    .values(step=sa.bindparam("new_step"))
+)
+# (An UPDATE's parameters may not be named after the table's columns.)
+_MARK_REPORTED = (
+    t.batches.update()
+    .where(
+        t.batches.c.experiment_id == sa.bindparam("b_experiment_id"),
+        t.batches.c.batch_id == sa.bindparam("b_batch_id"),
+        t.batches.c.reported_step.is_(None),
+    )
+    .values(reported_step=sa.bindparam("new_step"))
+)
+_ADVANCE_STEP_SAME_POOL = _ADVANCE_STEP.where(t.experiments.c.num_tasks == sa.bindparam("b_num_tasks"))
+_INSERT_STEP = t.steps.insert()
 
 
 def _read_pool_events(conn: Connection, experiment_id: int, after_seq: int) -> list[PoolEvent]:

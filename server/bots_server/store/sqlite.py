@@ -55,6 +55,43 @@ class SqliteStore(SqlStore):
         with self._writer, self.engine.connect() as conn:
             yield conn.execution_options(write=True)  # BEGIN IMMEDIATE, see _create_engine
 
+    @contextmanager
+    def _chunk_write(self) -> Iterator[Connection]:
+        # synchronous=NORMAL: the commit appends to the WAL without an fsync;
+        # the checkpoint's final (FULL) commit syncs the WAL, these frames
+        # included. wal_autocheckpoint=0: the commit does not also copy the
+        # WAL into the database file while this process's writers wait
+        # (_settle_chunks does, without holding them up). secure_delete=FAST:
+        # removing an old chunk does not overwrite its megabyte with zeros
+        # (builds that turn secure_delete on by default do; checkpoint floats
+        # need no erasing). Set outside a transaction (SQLite refuses the
+        # first inside one) and put back before the connection returns to the
+        # pool; a connection whose settings cannot be put back is discarded.
+        with self._writer, self.engine.connect() as conn:
+            raw: Any = conn.connection.driver_connection  # sqlite3.Connection
+            secure_delete = raw.execute("PRAGMA secure_delete").fetchone()[0]
+            raw.execute("PRAGMA synchronous=NORMAL")
+            raw.execute("PRAGMA wal_autocheckpoint=0")
+            raw.execute("PRAGMA secure_delete=FAST")
+            try:
+                with conn.execution_options(write=True).begin():
+                    yield conn
+            finally:
+                try:
+                    raw.execute("PRAGMA synchronous=FULL")
+                    raw.execute(f"PRAGMA wal_autocheckpoint={_WAL_AUTOCHECKPOINT}")
+                    raw.execute(f"PRAGMA secure_delete={int(secure_delete)}")
+                except BaseException:
+                    conn.invalidate()
+                    raise
+
+    def _settle_chunks(self) -> None:
+        # A passive WAL checkpoint: copies the chunks' pages into the
+        # database file while other writers go on (it takes no write lock).
+        with self.engine.connect() as conn:
+            raw: Any = conn.connection.driver_connection
+            raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
     def _snapshot(self, conn: Connection) -> None:
         pass  # a read transaction in WAL mode sees one snapshot already
 
@@ -76,6 +113,9 @@ class SqliteStore(SqlStore):
 
     def _migration_lock(self) -> AbstractContextManager[None]:
         return nullcontext()  # the migration's write transaction (BEGIN IMMEDIATE) excludes other writers
+
+
+_WAL_AUTOCHECKPOINT = 1000  # pages: SQLite's default, which the connections keep
 
 
 def _create_engine(url: URL, busy_timeout_ms: int) -> Engine:
