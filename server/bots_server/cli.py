@@ -22,8 +22,10 @@ import asyncio
 import contextlib
 import csv
 import dataclasses
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
@@ -46,6 +48,9 @@ def _serve(args: argparse.Namespace) -> int:
     from bots_server.service.server import serve
 
     allocator.configure()
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see
+    # where a server that does not answer (or does not stop) is waiting.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = settings.from_args(args)
     logs.configure(config.log_level, config.log_format, config.audit_log)
     asyncio.run(serve(config))

@@ -52,6 +52,13 @@ SETTINGS = (
         "(bounded storage; docs/design-compaction.md); 0: keep every event",
     ),
     Setting("--grace-seconds", "BOTS_GRACE_SECONDS", "20", "on SIGTERM, how long in-flight calls may finish"),
+    Setting(
+        "--shutdown-seconds",
+        "BOTS_SHUTDOWN_SECONDS",
+        "",
+        "on SIGTERM, exit after this long at most (grace, final checkpoints, closing), with exit code 3 and every "
+        "thread's stack logged if it was not done; more than --grace-seconds (default: --grace-seconds + 25)",
+    ),
     Setting("--workers", "BOTS_WORKERS", "8", "threads for database and numpy work"),
     Setting(
         "--database-timeout-seconds",
@@ -159,6 +166,7 @@ class ServerSettings:
     checkpoint_every_seconds: float = 60.0
     event_retention_steps: int = 10_000
     grace_seconds: float = 20.0
+    shutdown_seconds: float = 45.0
     workers: int = 8
     database_timeout_seconds: float = 5.0
     log_level: str = "INFO"
@@ -224,6 +232,22 @@ def _amount(text: str, what: str, zero: bool = True) -> float:
     return value
 
 
+# Time a stop has after the grace period: the final checkpoints (a 1M-task
+# pool's took 0.9-2.2 s in bench/checkpoint.py) and closing, with room to spare.
+SHUTDOWN_AFTER_GRACE_SECONDS = 25.0
+
+
+def _shutdown_seconds(args: argparse.Namespace) -> float:
+    if not str(args.shutdown_seconds).strip():
+        return float(args.grace_seconds) + SHUTDOWN_AFTER_GRACE_SECONDS
+    seconds = _amount(args.shutdown_seconds, "--shutdown-seconds", zero=False)
+    if seconds <= float(args.grace_seconds):
+        raise ValueError(
+            f"--shutdown-seconds = {args.shutdown_seconds!r} must be more than --grace-seconds = {args.grace_seconds!r}"
+        )
+    return seconds
+
+
 def from_args(args: argparse.Namespace) -> ServerSettings:
     migrate = str(args.migrate).lower()
     if migrate not in ("true", "false", "1", "0", "yes", "no"):
@@ -252,7 +276,8 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             checkpoint_every_steps=int(args.checkpoint_every_steps),
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
             event_retention_steps=_count(args.event_retention_steps, "--event-retention-steps"),
-            grace_seconds=float(args.grace_seconds),
+            grace_seconds=_amount(args.grace_seconds, "--grace-seconds"),
+            shutdown_seconds=_shutdown_seconds(args),
             workers=int(args.workers),
             database_timeout_seconds=float(args.database_timeout_seconds),
             log_level=args.log_level.upper(),

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
+import os
 import signal
+import threading
 from collections.abc import Callable
 
 import grpc
@@ -245,4 +248,29 @@ async def serve(settings: ServerSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.reload_credentials)
     await stop.wait()
+    _exit_unless_stopped_within(settings.shutdown_seconds)
     await server.stop()
+
+
+# The exit code of a shutdown that did not finish in time (1 and 2 are
+# Python's own: an exception, a bad command line).
+EXIT_SHUTDOWN_TIMEOUT = 3
+
+
+def _exit_unless_stopped_within(seconds: float) -> None:
+    """A stop must end: past `seconds`, log where every thread is and exit.
+    What is lost is at most a final checkpoint (the next start replays the
+    events it would have covered); without this a stuck thread (a driver
+    waiting on a lock, a call that ignores cancellation) keeps the process
+    alive until Kubernetes kills it, with no word of where it was stuck. A
+    daemon thread: it fires even if the event loop is blocked, and does not
+    keep a process that stopped in time from exiting."""
+
+    def give_up() -> None:
+        log.error("shutdown did not finish; exiting", extra={"shutdown_seconds": seconds})
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(EXIT_SHUTDOWN_TIMEOUT)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()

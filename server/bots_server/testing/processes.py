@@ -66,7 +66,16 @@ class ServerProcess:
         """SIGTERM: graceful shutdown (finishes calls, checkpoints). Returns the exit code."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Hung: have it print every thread's stack (see cli.py), then kill it.
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            self.kill()
+            if self._reader is not None:
+                self._reader.join(5)
+            raise RuntimeError(f"server did not stop within {timeout:g} s: {self.log_lines[-80:]}") from None
         if self._reader is not None:
             self._reader.join(5)
         return code
