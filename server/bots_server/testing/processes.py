@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 
 
@@ -78,6 +79,11 @@ class ServerProcess:
             raise RuntimeError(f"server did not stop within {timeout:g} s: {self.log_lines[-80:]}") from None
         if self._reader is not None:
             self._reader.join(5)
+        from bots_server.service.server import EXIT_SHUTDOWN_TIMEOUT
+
+        if code == EXIT_SHUTDOWN_TIMEOUT:  # bounded, but a stop that stalls is worth seeing in every run's summary
+            stacks = "\n".join(self.messages()[-80:])
+            warnings.warn(f"server shutdown did not finish in time; its last log lines:\n{stacks}", stacklevel=2)
         return code
 
     def kill(self) -> None:
