@@ -5,6 +5,7 @@ transaction through SQLAlchemy on a worker thread, as the service's calls do.
 
     .venv/bin/python -m bench.floor                      # 3 repeats x 10 s, 64 experiments' worth of callers
     .venv/bin/python -m bench.floor --with-bots          # and the real server (64 x 10k tasks), interleaved
+    .venv/bin/python -m bench.floor --with-bots --callers 1 --output bench/results/floor-1   # one caller: latency
 
 The driver is bench/perf.py's throughput loop: 64 concurrent callers in one
 asyncio process, each a select then a report, batch 64. The modes, one
@@ -199,7 +200,7 @@ class FloorServer:
         self.proc.wait(30)
 
 
-async def _drive(port: int, pid: int, seconds: float) -> dict[str, Any]:
+async def _drive(port: int, pid: int, seconds: float, callers: int) -> dict[str, Any]:
     """bench/perf.py's loop with raw calls: per caller, a 'select' then a
     'report', each one unary call."""
     import grpc
@@ -219,7 +220,7 @@ async def _drive(port: int, pid: int, seconds: float) -> dict[str, Any]:
             if measuring:
                 cycles.append(time.perf_counter() - started)
 
-    callers = [asyncio.create_task(caller(i)) for i in range(EXPERIMENTS)]
+    running = [asyncio.create_task(caller(i)) for i in range(callers)]
     await asyncio.sleep(2.0)  # warm-up
     cpu0, self0 = _cpu_seconds(pid), _self_cpu_seconds()
     measuring, started = True, time.perf_counter()
@@ -227,7 +228,7 @@ async def _drive(port: int, pid: int, seconds: float) -> dict[str, Any]:
     measuring, elapsed = False, time.perf_counter() - started
     cpu1, self1 = _cpu_seconds(pid), _self_cpu_seconds()
     stop = True
-    await asyncio.gather(*callers)
+    await asyncio.gather(*running)
     await channel.close()
     return _result(len(cycles), elapsed, cycles, cpu1 - cpu0, self1 - self0)
 
@@ -244,7 +245,7 @@ def _result(count: int, elapsed: float, cycles: list[float], server_cpu: float, 
     }
 
 
-def _run_bots(url: str, seconds: float) -> dict[str, Any]:
+def _run_bots(url: str, seconds: float, callers: int) -> dict[str, Any]:
     import bots_client
     from bench.perf import experiment_config, make_tasks
 
@@ -259,7 +260,7 @@ def _run_bots(url: str, seconds: float) -> dict[str, Any]:
                     client.add_tasks(name, tasks)
         cfg = PerfConfig(throughput_seconds=seconds, throughput_batch=BATCH)
         assert server.proc is not None
-        level = asyncio.run(_throughput_level([server.address], names, cfg, [server.proc.pid]))
+        level = asyncio.run(_throughput_level([server.address], names[:callers], cfg, [server.proc.pid]))
     finally:
         server.stop()
     # A cycle is one select and one report; the loop times them apart.
@@ -282,9 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", default="", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--callers", type=int, default=EXPERIMENTS, help=f"concurrent callers (experiments), at most {EXPERIMENTS}"
+    )
     parser.add_argument("--with-bots", action="store_true", help="also the real server, 64 experiments x 10k tasks")
     parser.add_argument("--output", default=str(common.RESULTS / "floor"))
     args = parser.parse_args(argv)
+    if not 1 <= args.callers <= EXPERIMENTS:
+        parser.error(f"--callers = {args.callers}: expected 1 to {EXPERIMENTS}")
     if args.serve:
         asyncio.run(_serve(args.serve, args.db))
         return 0
@@ -297,11 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for mode in modes:
                 if mode == "bots":
-                    result = _run_bots(bots_url, args.seconds)
+                    result = _run_bots(bots_url, args.seconds, args.callers)
                 else:
                     server = FloorServer.start(mode, url)
                     try:
-                        result = asyncio.run(_drive(server.port, server.proc.pid, args.seconds))
+                        result = asyncio.run(_drive(server.port, server.proc.pid, args.seconds, args.callers))
                     finally:
                         server.stop()
                 runs[mode].append(result)
@@ -314,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     lines = [
         f"Machine: {common.machine_line(info)}; {args.repeats} repeats x {args.seconds:g} s, interleaved; "
-        f"{EXPERIMENTS} concurrent callers, batch {BATCH}; median (min-max).",
+        f"{args.callers} concurrent callers, batch {BATCH}; median (min-max).",
         "",
         "| mode | cycles/s | cycle p50, ms | cycle p99, ms | server CPU, ms/cycle | server cores | client cores |",
         "|---|---|---|---|---|---|---|",
