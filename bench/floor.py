@@ -6,6 +6,7 @@ transaction through SQLAlchemy on a worker thread, as the service's calls do.
     .venv/bin/python -m bench.floor                      # 3 repeats x 10 s, 64 experiments' worth of callers
     .venv/bin/python -m bench.floor --with-bots          # and the real server (64 x 10k tasks), interleaved
     .venv/bin/python -m bench.floor --with-bots --callers 1 --output bench/results/floor-1   # one caller: latency
+    .venv/bin/python -m bench.floor --backend sqlite ...  # the same on SQLite (no arrays, no COPY)
 
 The driver is bench/perf.py's throughput loop: 64 concurrent callers in one
 asyncio process, each a select then a report, batch 64. The modes, one
@@ -39,6 +40,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,8 @@ BATCH = 64
 ANSWER = b"x" * 1200
 EXPERIMENTS = 64
 MODES = ["grpc", "grpc+interceptors", "grpc+sql", "grpc+sql-arrays", "grpc+sql-copy"]
+# On SQLite the rows go through the driver's executemany, as the store's do.
+SQLITE_MODES = ["grpc", "grpc+interceptors", "grpc+sql"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS exp (id INTEGER PRIMARY KEY, step INTEGER NOT NULL);
@@ -95,6 +99,54 @@ def _transaction(engine: Any, exp_id: int, select: bool, rows: str) -> None:
                 [{"e": exp_id, "s": step, "t": t} for t in range(BATCH)],
             )
             conn.execute(sa.text("UPDATE exp SET step = step + 1 WHERE id = :id"), {"id": exp_id})
+
+
+_SQLITE_WRITER = threading.Lock()
+
+
+def _sqlite_transaction(engine: Any, exp_id: int, select: bool) -> None:
+    """The same rows on SQLite as the store writes them: one writer at a
+    time in the process, BEGIN IMMEDIATE, WAL with synchronous=FULL (set at
+    connect), the driver's executemany."""
+    with _SQLITE_WRITER, engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            (step,) = raw.execute("SELECT step FROM exp WHERE id = ?", (exp_id,)).fetchone()
+            if select:
+                (batch_id,) = raw.execute(
+                    "INSERT INTO batch (exp_id, step) VALUES (?, ?) RETURNING id", (exp_id, step)
+                ).fetchone()
+                raw.executemany("INSERT INTO batch_task VALUES (?, ?)", [(batch_id, t) for t in range(BATCH)])
+            else:
+                raw.executemany(
+                    "INSERT INTO outcome VALUES (?, ?, ?, 1.0, 1)", [(exp_id, step, t) for t in range(BATCH)]
+                )
+                raw.execute("UPDATE exp SET step = step + 1 WHERE id = ?", (exp_id,))
+            raw.execute("COMMIT")
+        except BaseException:
+            raw.execute("ROLLBACK")
+            raise
+
+
+def _sqlite_engine(db: str) -> Any:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(db, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _configure(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # transactions begun explicitly
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA synchronous=FULL")
+
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        raw.executescript(_SCHEMA.replace("BIGSERIAL", "INTEGER"))
+        for table in ("exp", "batch", "batch_task", "outcome"):
+            raw.execute(f"DELETE FROM {table}")
+        raw.executemany("INSERT INTO exp VALUES (?, 0)", [(i,) for i in range(EXPERIMENTS)])
+    return engine
 
 
 def _transaction_with_arrays(engine: Any, exp_id: int, select: bool) -> None:
@@ -150,7 +202,10 @@ async def _serve(mode: str, db: str) -> None:
 
     engine = None
     pool = concurrent.futures.ThreadPoolExecutor(8)
-    if mode.startswith("grpc+sql"):
+    sqlite = db.startswith("sqlite")
+    if mode.startswith("grpc+sql") and sqlite:
+        engine = _sqlite_engine(db)
+    elif mode.startswith("grpc+sql"):
         engine = sa.create_engine(db, pool_size=8, max_overflow=0)
         with engine.begin() as conn:
             for statement in filter(str.strip, _SCHEMA.split(";")):
@@ -161,8 +216,12 @@ async def _serve(mode: str, db: str) -> None:
     async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if engine is not None:
             exp_id, select = request[0] % EXPERIMENTS, request[1] == 1
-            rows = mode.removeprefix("grpc+sql").removeprefix("-")  # "", "arrays" or "copy"
-            await asyncio.get_running_loop().run_in_executor(pool, _transaction, engine, exp_id, select, rows)
+            loop = asyncio.get_running_loop()
+            if sqlite:
+                await loop.run_in_executor(pool, _sqlite_transaction, engine, exp_id, select)
+            else:
+                rows = mode.removeprefix("grpc+sql").removeprefix("-")  # "", "arrays" or "copy"
+                await loop.run_in_executor(pool, _transaction, engine, exp_id, select, rows)
         return ANSWER
 
     handler = grpc.method_handlers_generic_handler(SERVICE, {"Call": grpc.unary_unary_rpc_method_handler(call)})
@@ -281,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--db", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", choices=["postgresql", "sqlite"], default="postgresql")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument(
@@ -297,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
 
     info = common.machine_info()
     log(common.machine_line(info))
-    modes = [*MODES, *(["bots"] if args.with_bots else [])]
+    modes = [*(SQLITE_MODES if args.backend == "sqlite" else MODES), *(["bots"] if args.with_bots else [])]
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-    with common.database("postgresql") as url, common.database("postgresql") as bots_url:
+    with common.database(args.backend) as url, common.database(args.backend) as bots_url:
         for repeat in range(args.repeats):
             for mode in modes:
                 if mode == "bots":
@@ -320,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     lines = [
         f"Machine: {common.machine_line(info)}; {args.repeats} repeats x {args.seconds:g} s, interleaved; "
-        f"{args.callers} concurrent callers, batch {BATCH}; median (min-max).",
+        f"{args.backend}; {args.callers} concurrent callers, batch {BATCH}; median (min-max).",
         "",
         "| mode | cycles/s | cycle p50, ms | cycle p99, ms | server CPU, ms/cycle | server cores | client cores |",
         "|---|---|---|---|---|---|---|",
