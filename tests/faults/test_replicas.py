@@ -98,6 +98,34 @@ def test_replicas_with_stale_copies_choose_what_a_single_server_chooses(database
             process.stop()
 
 
+def test_an_experiment_deleted_and_created_again_on_another_replica_is_the_new_one(
+    databases: tuple[str, str],
+) -> None:
+    """A replica holds an experiment in memory; another replica deletes it
+    and creates one of the same name. The first replica's next calls must
+    act on the new experiment (not fail, not touch the old one's rows)."""
+    shared_db, _ = databases
+    a, b = (ServerProcess(shared_db).start() for _ in range(2))
+    try:
+        ca, cb = (bots_client.Client(p.address) for p in (a, b))
+        setup(ca, "run", pool=40)
+        old = ca.select_batch("run", 8, request_key="old-0")
+        ca.report_outcomes("run", old.batch_id, {k: outcome(k, 0) for k in old.keys})  # a holds "run" now
+        cb.delete_experiment("run")
+        cb.create_experiment("run")
+        cb.add_tasks("run", [bots_client.Task(f"new-{i}") for i in range(20)])
+        batch = ca.select_batch("run", 8, request_key="new-0")
+        assert all(k.startswith("new-") for k in batch.keys)
+        result = ca.report_outcomes("run", batch.batch_id, {k: (1.0, 1) for k in batch.keys})
+        assert result.step == 1
+        assert cb.snapshot("run").step == ca.snapshot("run").step == 1
+        with pytest.raises(bots_client.NotFoundError):
+            ca.report_outcomes("run", old.batch_id, {k: outcome(k, 0) for k in old.keys})
+    finally:
+        for process in (a, b):
+            process.stop()
+
+
 def test_concurrent_writers_on_two_replicas_never_double_apply(databases: tuple[str, str]) -> None:
     shared_db, _ = databases
     replicas = [ServerProcess(shared_db).start() for _ in range(2)]

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from bots_server import tracing
 from bots_server.core.allocator import release_free_memory
@@ -193,8 +193,7 @@ class Runtime:
             after_pool_event=live.pool_seq,
         )
         if rows is None or rows.experiment.name != live.name:
-            self.forget(live.name)
-            raise NotFound(f"experiment {live.name!r} not found")
+            await self._gone(live)
         if rows.experiment.compacted_through > live.step:
             # Another replica compacted events this copy has not applied:
             # rebuild it from the checkpoint, in place (callers hold `live`).
@@ -205,8 +204,7 @@ class Runtime:
                 lookup=self._with_leases(lookup),
             )
             if full is None:
-                self.forget(live.name)
-                raise NotFound(f"experiment {live.name!r} not found")
+                await self._gone(live)
             live.take(await self.run(LiveExperiment.rebuild, full, live.config))
             return full
         if rows.keys or rows.events or rows.pool_events:
@@ -215,6 +213,16 @@ class Runtime:
         if rows.pool_events:  # retirements another replica committed
             self.notify(self.observer.tasks_retired, live.name, live.num_retired, live.num_tasks)
         return rows
+
+    async def _gone(self, live: LiveExperiment) -> NoReturn:
+        """`live`'s experiment is no longer in the store: forget the copy.
+        NotFound, unless another replica deleted it and created one of the
+        same name meanwhile: then the call is retried (Unavailable) and
+        finds the new experiment, rebuilt from the store."""
+        self.forget(live.name)
+        if await self.db(self.store.find_experiment, live.name) is not None:
+            raise Unavailable(f"experiment {live.name!r} was deleted and created again meanwhile; retry")
+        raise NotFound(f"experiment {live.name!r} not found")
 
     def _with_leases(self, lookup: Lookup | None) -> Lookup:
         """`lookup`, also asking for the open batches (a rebuilt copy starts
