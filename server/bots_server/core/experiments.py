@@ -32,7 +32,9 @@ class Experiments:
         validation.config(config)
         await self.quotas.new_experiment(name, 0)
         rt = self.runtime
-        row = await rt.db(rt.store.create_experiment, name, config.to_dict(), rt.clock(), tenancy.tenant_of(name))
+        row = await rt.db_write_unless_cancelled(
+            rt.store.create_experiment, name, config.to_dict(), rt.clock(), tenancy.tenant_of(name)
+        )
         audit.experiments.info("experiment created", extra={"experiment": name, "config": config.to_dict()})
         return summary(row, open_batches=0)
 
@@ -65,8 +67,10 @@ class Experiments:
             live = rt.live.get(name)
             if live is not None:
                 self.checkpoints.cancel(live)
-            await rt.db(rt.store.delete_experiment, row.id)
-            rt.forget(name)
+            try:
+                await rt.db_write_unless_cancelled(rt.store.delete_experiment, row.id)
+            finally:  # deleted, or maybe (a cancel during the commit): the next call reads the store
+                rt.forget(name)
         audit.experiments.info("experiment deleted", extra={"experiment": name})
 
     async def fork(self, source: str, name: str, config: ExperimentConfig | None) -> Experiment:
@@ -99,7 +103,7 @@ class Experiments:
                 retired=np.flatnonzero(live.retired).tolist(),  # a broken task stays retired in the fork
                 shares=dict(live.shares),
             )
-            row = await rt.db(rt.store.create_copy, copy, rt.clock())
+            row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
         audit.experiments.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
         return summary(row, open_batches=0)
 

@@ -89,7 +89,9 @@ class Pool:
                     return RetireResult(changed=0, num_retired=live.num_retired, num_tasks=live.num_tasks)
                 seq = live.pool_seq + 1
                 try:
-                    event = await rt.db(rt.store.commit_retirement, live.id, seq, changed.tolist(), retired, rt.clock())
+                    event = await rt.db_write_unless_cancelled(
+                        rt.store.commit_retirement, live.id, seq, changed.tolist(), retired, rt.clock()
+                    )
                 except StaleStep:  # another replica retired or re-activated meanwhile
                     await rt.catch_up(live)
                     continue
@@ -123,7 +125,9 @@ class Pool:
                 if problem is not None:
                     raise InvalidArgument(f"SetGroupShares: {problem}; nothing was changed")
                 try:
-                    event = await rt.db(rt.store.commit_shares, live.id, live.pool_seq + 1, shares, rt.clock())
+                    event = await rt.db_write_unless_cancelled(
+                        rt.store.commit_shares, live.id, live.pool_seq + 1, shares, rt.clock()
+                    )
                 except StaleStep:  # another replica changed the pool's events meanwhile
                     await rt.catch_up(live)
                     continue

@@ -80,14 +80,19 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def create_experiment(
-        self, name: str, config: Mapping[str, Any], now: dt.datetime, tenant: str = DEFAULT_TENANT
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        now: dt.datetime,
+        tenant: str = DEFAULT_TENANT,
+        abandoned: Callable[[], bool] | None = None,
     ) -> ExperimentRow:
         """A new experiment at step 0 with no tasks, and its empty checkpoint.
         `config` is kept as a JSON object, uninterpreted. `name` is the stored
         name (unique across tenants), `tenant` the tenant it belongs to.
 
         Raises AlreadyExists if the name is taken; of two racing creates of
-        one name exactly one succeeds.
+        one name exactly one succeeds. `abandoned`: see add_tasks.
         """
 
     @abc.abstractmethod
@@ -120,9 +125,10 @@ class Store(abc.ABC):
         """How many experiments `tenant` has and their tasks in all."""
 
     @abc.abstractmethod
-    def delete_experiment(self, experiment_id: int) -> bool:
+    def delete_experiment(self, experiment_id: int, abandoned: Callable[[], bool] | None = None) -> bool:
         """Delete the experiment and every row of it (tasks, events,
-        checkpoint, batches). False if it did not exist."""
+        checkpoint, batches). False if it did not exist. `abandoned`: see
+        add_tasks."""
 
     @abc.abstractmethod
     def count_open_batches(self, experiment_id: int, now: dt.datetime) -> int:
@@ -255,7 +261,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def commit_retirement(
-        self, experiment_id: int, seq: int, task_idx: Sequence[int], retired: bool, now: dt.datetime
+        self,
+        experiment_id: int,
+        seq: int,
+        task_idx: Sequence[int],
+        retired: bool,
+        now: dt.datetime,
+        abandoned: Callable[[], bool] | None = None,
     ) -> RetirementEvent:
         """Append the retirement event `seq` (tasks `task_idx`, ascending, set
         to `retired`) under the experiment's row lock, so that selects on
@@ -265,12 +277,17 @@ class Store(abc.ABC):
         A compare-and-set: StaleStep if the experiment's last pool event
         (retirement or shares) is not `seq - 1` (another writer got there
         first); nothing is written then. Once this returns the event is
-        durable.
+        durable. `abandoned`: see add_tasks.
         """
 
     @abc.abstractmethod
     def commit_shares(
-        self, experiment_id: int, seq: int, shares: Mapping[str, tuple[float, float]], now: dt.datetime
+        self,
+        experiment_id: int,
+        seq: int,
+        shares: Mapping[str, tuple[float, float]],
+        now: dt.datetime,
+        abandoned: Callable[[], bool] | None = None,
     ) -> SharesEvent:
         """Append the pool event `seq` setting the group shares (replacing
         any earlier ones; empty: none), as commit_retirement does: under the

@@ -177,10 +177,15 @@ class SqlStore(Store):
 
     @_translate_errors
     def create_experiment(
-        self, name: str, config: Mapping[str, Any], now: dt.datetime, tenant: str = DEFAULT_TENANT
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        now: dt.datetime,
+        tenant: str = DEFAULT_TENANT,
+        abandoned: Callable[[], bool] | None = None,
     ) -> ExperimentRow:
         try:
-            with self._write() as conn:
+            with self._write(abandoned) as conn:
                 experiment_id = _insert_experiment(
                     conn, name=name, tenant=tenant, step=0, num_tasks=0, create_time=now, config=_config_json(config)
                 )
@@ -303,8 +308,8 @@ class SqlStore(Store):
         return TenantUsage(int(experiments), int(tasks))
 
     @_translate_errors
-    def delete_experiment(self, experiment_id: int) -> bool:
-        with self._write() as conn:
+    def delete_experiment(self, experiment_id: int, abandoned: Callable[[], bool] | None = None) -> bool:
+        with self._write(abandoned) as conn:
             tables: tuple[sa.Table, ...] = (t.group_shares, t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps)
             tables += (t.checkpoint_chunks, t.checkpoints, t.task_key_blocks, t.tasks)
             for table in tables:
@@ -723,9 +728,15 @@ class SqlStore(Store):
 
     @_translate_errors
     def commit_retirement(
-        self, experiment_id: int, seq: int, task_idx: Sequence[int], retired: bool, now: dt.datetime
+        self,
+        experiment_id: int,
+        seq: int,
+        task_idx: Sequence[int],
+        retired: bool,
+        now: dt.datetime,
+        abandoned: Callable[[], bool] | None = None,
     ) -> RetirementEvent:
-        with self._write() as conn:
+        with self._write(abandoned) as conn:
             step = self._next_pool_event(conn, experiment_id, seq)
             rows = ((experiment_id, seq, int(i), retired, step, now) for i in task_idx)
             self._bulk_insert(conn, t.retirements, _RETIREMENT_COLUMNS, rows)
@@ -733,9 +744,14 @@ class SqlStore(Store):
 
     @_translate_errors
     def commit_shares(
-        self, experiment_id: int, seq: int, shares: Mapping[str, tuple[float, float]], now: dt.datetime
+        self,
+        experiment_id: int,
+        seq: int,
+        shares: Mapping[str, tuple[float, float]],
+        now: dt.datetime,
+        abandoned: Callable[[], bool] | None = None,
     ) -> SharesEvent:
-        with self._write() as conn:
+        with self._write(abandoned) as conn:
             step = self._next_pool_event(conn, experiment_id, seq)
             conn.execute(
                 t.group_shares.insert().values(
