@@ -47,7 +47,7 @@ def test_a_write_cancelled_in_flight_leaves_no_trace(fresh_db_url: str, case: st
             client.add_tasks("e", [bots_client.Task(f"t-{i}", group="ab"[i % 2]) for i in range(10)])
             client.retire_tasks("e", ["t-5"])
             batch = client.select_batch("e", 4, request_key="s0")
-            client.report_outcomes("e", batch.batch_id, {k: (1.0, 1) for k in batch.keys})
+            client.report_outcomes("e", batch.batch_id, dict.fromkeys(batch.keys, (1.0, 1)))
             before = state(client)
 
             store = service.core.runtime.store
@@ -84,4 +84,4 @@ def test_a_write_cancelled_in_flight_leaves_no_trace(fresh_db_url: str, case: st
             assert state(client) == before
             # And the experiment goes on: the cancelled call leaves nothing to trip over.
             batch = client.select_batch("e", 4, request_key="s1")
-            assert client.report_outcomes("e", batch.batch_id, {k: (0.0, 1) for k in batch.keys}).step == 2
+            assert client.report_outcomes("e", batch.batch_id, dict.fromkeys(batch.keys, (0.0, 1))).step == 2

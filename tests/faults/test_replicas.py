@@ -116,7 +116,7 @@ def test_an_experiment_deleted_and_created_again_on_another_replica_is_the_new_o
         cb.add_tasks("run", [bots_client.Task(f"new-{i}") for i in range(20)])
         batch = ca.select_batch("run", 8, request_key="new-0")
         assert all(k.startswith("new-") for k in batch.keys)
-        result = ca.report_outcomes("run", batch.batch_id, {k: (1.0, 1) for k in batch.keys})
+        result = ca.report_outcomes("run", batch.batch_id, dict.fromkeys(batch.keys, (1.0, 1)))
         assert result.step == 1
         assert cb.snapshot("run").step == ca.snapshot("run").step == 1
         with pytest.raises(bots_client.NotFoundError):
