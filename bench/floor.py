@@ -74,6 +74,13 @@ CREATE TABLE IF NOT EXISTS outcome (exp_id INTEGER NOT NULL, step INTEGER NOT NU
 # -- the server side (a child process) -----------------------------------------------------------
 
 
+def _locked_step(conn: Any, exp_id: int) -> int:
+    """The experiment's row locked until the transaction ends, as the service's selects and reports lock it."""
+    import sqlalchemy as sa
+
+    return int(conn.execute(sa.text("SELECT step FROM exp WHERE id = :id FOR UPDATE"), {"id": exp_id}).scalar_one())
+
+
 def _transaction(engine: Any, exp_id: int, select: bool, rows: str) -> None:
     import sqlalchemy as sa
 
@@ -84,7 +91,7 @@ def _transaction(engine: Any, exp_id: int, select: bool, rows: str) -> None:
         _transaction_with_copy(engine, exp_id, select)
         return
     with engine.begin() as conn:
-        step = conn.execute(sa.text("SELECT step FROM exp WHERE id = :id FOR UPDATE"), {"id": exp_id}).scalar_one()
+        step = _locked_step(conn, exp_id)
         if select:
             batch_id = conn.execute(
                 sa.text("INSERT INTO batch (exp_id, step) VALUES (:e, :s) RETURNING id"), {"e": exp_id, "s": step}
@@ -156,7 +163,7 @@ def _transaction_with_arrays(engine: Any, exp_id: int, select: bool) -> None:
 
     tasks = list(range(BATCH))
     with engine.begin() as conn:
-        step = conn.execute(sa.text("SELECT step FROM exp WHERE id = :id FOR UPDATE"), {"id": exp_id}).scalar_one()
+        step = _locked_step(conn, exp_id)
         if select:
             conn.execute(
                 sa.text(
@@ -180,7 +187,7 @@ def _transaction_with_copy(engine: Any, exp_id: int, select: bool) -> None:
     import sqlalchemy as sa
 
     with engine.begin() as conn:
-        step = conn.execute(sa.text("SELECT step FROM exp WHERE id = :id FOR UPDATE"), {"id": exp_id}).scalar_one()
+        step = _locked_step(conn, exp_id)
         if select:
             batch_id = conn.execute(
                 sa.text("INSERT INTO batch (exp_id, step) VALUES (:e, :s) RETURNING id"), {"e": exp_id, "s": step}
