@@ -186,10 +186,18 @@ class ServerSettings:
     memory_budget_mb: float = 1024.0
     audit_log: str = "all"
 
+    otlp_endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.shutdown_seconds > self.grace_seconds:
+            raise ValueError(
+                f"--shutdown-seconds = {self.shutdown_seconds:g} must be more than "
+                f"--grace-seconds = {self.grace_seconds:g}: the stop's limit includes the grace"
+            )
+
     @property
     def auth(self) -> bool:
         return bool(self.auth_tokens or self.credentials_file)
-    otlp_endpoint: str = ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -240,12 +248,7 @@ SHUTDOWN_AFTER_GRACE_SECONDS = 25.0
 def _shutdown_seconds(args: argparse.Namespace) -> float:
     if not str(args.shutdown_seconds).strip():
         return float(args.grace_seconds) + SHUTDOWN_AFTER_GRACE_SECONDS
-    seconds = _amount(args.shutdown_seconds, "--shutdown-seconds", zero=False)
-    if seconds <= float(args.grace_seconds):
-        raise ValueError(
-            f"--shutdown-seconds = {args.shutdown_seconds!r} must be more than --grace-seconds = {args.grace_seconds!r}"
-        )
-    return seconds
+    return _amount(args.shutdown_seconds, "--shutdown-seconds", zero=False)
 
 
 def from_args(args: argparse.Namespace) -> ServerSettings:

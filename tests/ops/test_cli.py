@@ -5,6 +5,7 @@ metrics port stays clear of the monitoring stack's own ports."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bots_server import settings
+from bots_server import cli, settings
 
 # Ports of the Prometheus stack and its usual neighbours on a host or in a
 # pod: Prometheus, Pushgateway, Alertmanager, node_exporter, Grafana, the
@@ -70,3 +71,26 @@ def test_default_metrics_port_avoids_the_monitoring_stack() -> None:
     assert port not in TAKEN
     setting = next(s for s in settings.SETTINGS if s.env == "BOTS_METRICS_LISTEN")
     assert setting.default == settings.ServerSettings().metrics_listen
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--grace-seconds", "30", "--shutdown-seconds", "10"], "--shutdown-seconds = 10 must be more than --grace-seconds = 30"),
+        (["--grace-seconds", "60"], None),  # the default limit follows the grace: 85 s
+        (["--grace-seconds", "-1"], "--grace-seconds = '-1' must be >= 0"),
+        (["--shutdown-seconds", "0"], "--shutdown-seconds = '0' must be > 0"),
+    ],
+)
+def test_stop_settings_are_checked_before_serving(
+    flags: list[str], named: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("BOTS_GRACE_SECONDS", "BOTS_SHUTDOWN_SECONDS"):
+        monkeypatch.delenv(variable, raising=False)
+    parsed = cli.build_parser().parse_args(["serve", *flags])
+    if named is None:
+        config = settings.from_args(parsed)
+        assert config.shutdown_seconds == 60 + settings.SHUTDOWN_AFTER_GRACE_SECONDS
+        return
+    with pytest.raises(SystemExit, match=re.escape(named)):
+        settings.from_args(parsed)
