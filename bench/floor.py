@@ -81,6 +81,13 @@ def _locked_step(conn: Any, exp_id: int) -> int:
     return int(conn.execute(sa.text("SELECT step FROM exp WHERE id = :id FOR UPDATE"), {"id": exp_id}).scalar_one())
 
 
+def _insert_batch_row(conn: Any, exp_id: int, step: int) -> int:
+    import sqlalchemy as sa
+
+    query = sa.text("INSERT INTO batch (exp_id, step) VALUES (:e, :s) RETURNING id")
+    return int(conn.execute(query, {"e": exp_id, "s": step}).scalar_one())
+
+
 def _transaction(engine: Any, exp_id: int, select: bool, rows: str) -> None:
     import sqlalchemy as sa
 
@@ -93,9 +100,7 @@ def _transaction(engine: Any, exp_id: int, select: bool, rows: str) -> None:
     with engine.begin() as conn:
         step = _locked_step(conn, exp_id)
         if select:
-            batch_id = conn.execute(
-                sa.text("INSERT INTO batch (exp_id, step) VALUES (:e, :s) RETURNING id"), {"e": exp_id, "s": step}
-            ).scalar_one()
+            batch_id = _insert_batch_row(conn, exp_id, step)
             conn.execute(
                 sa.text("INSERT INTO batch_task (batch_id, task_idx) VALUES (:b, :t)"),
                 [{"b": batch_id, "t": t} for t in range(BATCH)],
@@ -189,9 +194,7 @@ def _transaction_with_copy(engine: Any, exp_id: int, select: bool) -> None:
     with engine.begin() as conn:
         step = _locked_step(conn, exp_id)
         if select:
-            batch_id = conn.execute(
-                sa.text("INSERT INTO batch (exp_id, step) VALUES (:e, :s) RETURNING id"), {"e": exp_id, "s": step}
-            ).scalar_one()
+            batch_id = _insert_batch_row(conn, exp_id, step)
             rows = [(batch_id, t) for t in range(BATCH)]
             sql = "COPY batch_task (batch_id, task_idx) FROM STDIN"
         else:
