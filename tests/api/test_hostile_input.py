@@ -83,7 +83,33 @@ def report(batch: str | None, *outcomes: tuple[str, float, int]) -> Callable[[st
     )
 
 
+def report_and_select(
+    batch: str | None, *outcomes: tuple[str, float, int], size: int = 2, key: str = "k", exp: str | None = None
+) -> Callable[[str], Any]:
+    """batch None: the experiment's open batch; REPORTED: its reported batch,
+    with the outcomes it was reported with unless others are given. A key
+    IN_OPEN: a task of the open batch."""
+
+    def build(e: str) -> pb.ReportAndSelectRequest:
+        request = pb.ReportAndSelectRequest(experiment=e if exp is None else exp, batch_size=size, request_key=key)
+        if batch == REPORTED and not outcomes:
+            request.batch_id = REPORTS[e].batch_id
+            request.outcomes.extend(REPORTS[e].outcomes)
+        else:
+            request.batch_id = {None: BATCHES.get(e, ""), REPORTED: REPORTS[e].batch_id}.get(batch, batch or "")
+            request.outcomes.extend(
+                pb.Outcome(key=OPEN_KEYS[e][0] if k == IN_OPEN else k, successes=s, trials=n) for k, s, n in outcomes
+            )
+        return request
+
+    return build
+
+
+REPORTED = "REPORTED"
+IN_OPEN = "IN_OPEN"
+OPEN_KEYS: dict[str, list[str]] = {}  # experiment -> its open batch's task keys
 BATCHES: dict[str, str] = {}  # experiment -> its open batch's id
+REPORTS: dict[str, pb.ReportOutcomesRequest] = {}  # experiment -> the report of its reported batch
 LONG = "x" * 1_000_000
 
 CASES = [
@@ -218,12 +244,29 @@ CASES = [
     Case("report-successes-negative", "ReportOutcomes", report(None, ("t0", -1, 2)), Code.INVALID_ARGUMENT, "successes = -1.0"),
     Case("report-successes-nan", "ReportOutcomes", report(None, ("t0", NAN, 2)), Code.INVALID_ARGUMENT, "successes = nan"),
     Case("report-unknown-experiment", "ReportOutcomes", lambda e: pb.ReportOutcomesRequest(experiment="no-such-exp", batch_id="b", outcomes=[pb.Outcome(key="a", successes=1, trials=1)]), Code.NOT_FOUND, "not found"),
+    # -- ReportAndSelect: the report's checks, the select's, and neither applied ---
+    Case("ras-empty-batch-id", "ReportAndSelect", report_and_select("", ("t0", 1, 2)), Code.INVALID_ARGUMENT, "batch_id is empty"),
+    Case("ras-unknown-batch", "ReportAndSelect", report_and_select("no-such-batch", ("t0", 1, 2)), Code.NOT_FOUND, "no-such-batch"),
+    Case("ras-no-outcomes", "ReportAndSelect", report_and_select(None), Code.INVALID_ARGUMENT, "no outcomes"),
+    Case("ras-unknown-task", "ReportAndSelect", report_and_select(None, ("ghost", 1, 2)), Code.INVALID_ARGUMENT, "'ghost' is not in experiment"),
+    Case("ras-trials-zero", "ReportAndSelect", report_and_select(None, ("t0", 0, 0)), Code.INVALID_ARGUMENT, "trials = 0"),
+    Case("ras-successes-nan", "ReportAndSelect", report_and_select(None, ("t0", NAN, 2)), Code.INVALID_ARGUMENT, "successes = nan"),
+    Case("ras-size-zero", "ReportAndSelect", report_and_select(None, ("t0", 1, 2), size=0), Code.INVALID_ARGUMENT, "batch_size"),
+    Case("ras-larger-than-pool", "ReportAndSelect", report_and_select(None, ("t0", 1, 2), size=11), Code.INVALID_ARGUMENT, "larger than the pool"),
+    Case("ras-key-nul", "ReportAndSelect", report_and_select(None, ("t0", 1, 2), key="k\x00"), Code.INVALID_ARGUMENT, "NUL"),
+    Case("ras-key-megabyte", "ReportAndSelect", report_and_select(None, ("t0", 1, 2), key=LONG), Code.INVALID_ARGUMENT, "longer than 256"),
+    # The request key of the open batch itself, for another size: the report would apply, the select not.
+    Case("ras-key-other-size", "ReportAndSelect", report_and_select(None, (IN_OPEN, 1, 2), key="open"), Code.FAILED_PRECONDITION, "already used"),
+    Case("ras-reported-other-outcomes", "ReportAndSelect", report_and_select(REPORTED, ("t0", 1, 2)), Code.FAILED_PRECONDITION, "already reported"),
+    Case("ras-reported-more-than-free", "ReportAndSelect", report_and_select(REPORTED, size=8), Code.FAILED_PRECONDITION, "are free"),
+    Case("ras-unknown-experiment", "ReportAndSelect", report_and_select("b", ("a", 1, 1), exp="no-such-exp"), Code.NOT_FOUND, "not found"),
+    Case("ras-experiment-nul", "ReportAndSelect", report_and_select("b", ("a", 1, 1), exp="a\x00"), Code.INVALID_ARGUMENT, "is invalid"),
     # -- bytes protobuf cannot parse, for every RPC --------------------------------
     *[
         Case(f"undecodable-{method}", f"raw:{method}", lambda e, b=payload: b, Code.INVALID_ARGUMENT, "not a valid bots.v1.")
         for method in (
             "CreateExperiment", "GetExperiment", "ListExperiments", "DeleteExperiment", "ForkExperiment",
-            "SelectBatch", "ReportOutcomes", "Snapshot", "AddTasks", "RestoreExperiment",
+            "SelectBatch", "ReportOutcomes", "ReportAndSelect", "Snapshot", "AddTasks", "RestoreExperiment",
             "RetireTasks", "ReactivateTasks", "SetGroupShares", "ListGroups",
         )
         for payload in (b"\xff\xff\xff",)
@@ -277,8 +320,10 @@ def exp(endpoint: Endpoint, stub: pb_grpc.TaskSelectorStub, victims: dict[str, s
     stub.AddTasks(iter([pb.AddTasksRequest(experiment=name, tasks=tasks(*[f"t{i}" for i in range(10)], weak=0.1, strong=0.6))]))
     batch = stub.SelectBatch(pb.SelectBatchRequest(experiment=name, batch_size=3, request_key="reported"))
     outcomes = [pb.Outcome(key=k, successes=2, trials=4) for k in batch.keys]
-    stub.ReportOutcomes(pb.ReportOutcomesRequest(experiment=name, batch_id=batch.batch_id, outcomes=outcomes))
-    BATCHES[name] = stub.SelectBatch(pb.SelectBatchRequest(experiment=name, batch_size=3, request_key="open")).batch_id
+    REPORTS[name] = pb.ReportOutcomesRequest(experiment=name, batch_id=batch.batch_id, outcomes=outcomes)
+    stub.ReportOutcomes(REPORTS[name])
+    open_batch = stub.SelectBatch(pb.SelectBatchRequest(experiment=name, batch_size=3, request_key="open"))
+    BATCHES[name], OPEN_KEYS[name] = open_batch.batch_id, list(open_batch.keys)
     victims[key] = name
     return name
 

@@ -28,6 +28,7 @@ from bots_server.store import (
     ExperimentCopy,
     LeaseConflict,
     Lookup,
+    RequestKeyTaken,
     StaleStep,
     StepEvent,
     UnsupportedDatabase,
@@ -463,6 +464,40 @@ def test_insert_batch_given_the_open_batches_checks_them_exactly(store: SqlStore
     assert stored.batch_id == "b3"
     opened = store.load(experiment, after_step=0, first_task=6, lookup=Lookup(leases_at=NOW)).open_batches
     assert [(b.batch_id, b.task_idx) for b in opened] == [("b1", [0, 1]), ("b3", [4])]
+
+
+def test_report_and_insert_batch_write_both_or_nothing(store: SqlStore) -> None:
+    experiment = experiment_with_tasks(store, "both", 6)
+    store.insert_batch(experiment, batch("b1", "r1", 0, [0, 1]), NOW)
+    store.insert_batch(experiment, batch("b2", "r2", 0, [2]), NOW)
+    store.insert_batch(experiment, batch("held", "taken", 0, [5]), NOW)
+    before = count_rows(store)
+
+    def attempt(next_batch: BatchRow, open_batches: list[str], expected_step: int = 0) -> None:
+        store.commit_report_and_insert_batch(
+            experiment, expected_step, event(1, "b1", 6, [0, 1]), next_batch, NOW, 0, open_batches=open_batches, num_tasks=6
+        )
+
+    with pytest.raises(RequestKeyTaken) as taken:  # the report is rolled back with the batch
+        attempt(batch("b3", "taken", 1, [3]), ["b2", "held"])
+    assert taken.value.existing.batch_id == "held"
+    with pytest.raises(LeaseConflict):  # b2 is open, the caller did not know it
+        attempt(batch("b3", "r3", 1, [3]), ["held"])
+    with pytest.raises(StaleStep):  # chosen at the step before the report
+        attempt(batch("b3", "r3", 0, [3]), ["b2", "held"])
+    with pytest.raises(StaleStep):  # the report's compare-and-set
+        attempt(batch("b3", "r3", 1, [3]), ["b2", "held"], expected_step=1)
+    assert count_rows(store) == before
+    assert store.find_experiment("both").step == 0
+
+    # The reported batch is not among the open ones: its tasks may be chosen again.
+    attempt(batch("b3", "r3", 1, [0, 3]), ["b2", "held"])
+    assert store.find_experiment("both").step == 1
+    assert store.read_event(experiment, 1).task_idx == [0, 1]
+    opened = store.load(experiment, after_step=1, first_task=6, lookup=Lookup(leases_at=NOW)).open_batches
+    assert sorted((b.batch_id, b.step, tuple(b.task_idx)) for b in opened) == [
+        ("b2", 0, (2,)), ("b3", 1, (0, 3)), ("held", 0, (5,))
+    ]
 
 
 # -- several replicas on one database --------------------------------------------------------------

@@ -136,12 +136,32 @@ def select_batch(experiment: str, batch_size: int, request_key: str | None) -> C
 
 
 def report_outcomes(experiment: str, batch_id: str, outcomes: Mapping[str, OutcomeValue]) -> Call[ReportResult]:
-    request = pb.ReportOutcomesRequest(
+    request = pb.ReportOutcomesRequest(experiment=experiment, batch_id=batch_id, outcomes=_outcomes(outcomes))
+    return _convert.report_from_proto((yield Rpc("ReportOutcomes", request, idempotent=True)))
+
+
+def report_and_select(
+    experiment: str,
+    batch_id: str,
+    outcomes: Mapping[str, OutcomeValue],
+    batch_size: int,
+    request_key: str | None,
+) -> Call[tuple[ReportResult, Batch]]:
+    # As select_batch: every call carries a key, so a retry cannot select twice.
+    key = request_key or f"auto-{uuid.uuid4().hex}"
+    request = pb.ReportAndSelectRequest(
         experiment=experiment,
         batch_id=batch_id,
-        outcomes=[pb.Outcome(key=k, successes=float(s), trials=int(n)) for k, (s, n) in outcomes.items()],
+        outcomes=_outcomes(outcomes),
+        batch_size=batch_size,
+        request_key=key,
     )
-    return _convert.report_from_proto((yield Rpc("ReportOutcomes", request, idempotent=True)))
+    response = yield Rpc("ReportAndSelect", request, idempotent=True)
+    return _convert.report_from_proto(response.report), _convert.batch_from_proto(response.batch)
+
+
+def _outcomes(outcomes: Mapping[str, OutcomeValue]) -> list[pb.Outcome]:
+    return [pb.Outcome(key=k, successes=float(s), trials=int(n)) for k, (s, n) in outcomes.items()]
 
 
 def retire_tasks(experiment: str, keys: Iterable[str], retired: bool) -> Call[RetireResult]:

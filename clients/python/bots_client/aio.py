@@ -135,6 +135,17 @@ class AsyncClient:
         """See Client.report_outcomes."""
         return await self._run(_calls.report_outcomes(experiment, batch_id, outcomes))
 
+    async def report_and_select(
+        self,
+        experiment: str,
+        batch_id: str,
+        outcomes: Mapping[str, _calls.OutcomeValue],
+        batch_size: int,
+        request_key: str | None = None,
+    ) -> tuple[ReportResult, Batch]:
+        """See Client.report_and_select."""
+        return await self._run(_calls.report_and_select(experiment, batch_id, outcomes, batch_size, request_key))
+
     async def retire_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
         """See Client.retire_tasks."""
         return await self._run(_calls.retire_tasks(experiment, keys, retired=True))

@@ -156,6 +156,20 @@ class Client:
         """Report key -> (successes, trials) for tasks of a batch; applied once."""
         return self._run(_calls.report_outcomes(experiment, batch_id, outcomes))
 
+    def report_and_select(
+        self,
+        experiment: str,
+        batch_id: str,
+        outcomes: Mapping[str, _calls.OutcomeValue],
+        batch_size: int,
+        request_key: str | None = None,
+    ) -> tuple[ReportResult, Batch]:
+        """One training step in one call: report_outcomes, then
+        select_batch, applied together or not at all (one transaction on
+        the server). The batch is the one select_batch would return right
+        after the report; a retry gets the same answer."""
+        return self._run(_calls.report_and_select(experiment, batch_id, outcomes, batch_size, request_key))
+
     def retire_tasks(self, experiment: str, keys: Iterable[str]) -> RetireResult:
         """Retire tasks: never selected again until re-activated; their
         posterior is kept (and shown in snapshots). All or nothing: an

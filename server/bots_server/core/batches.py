@@ -19,7 +19,16 @@ from bots_server.core.observer import PosteriorView
 from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
 from bots_server.engine import PosteriorState, apply_outcomes, batch_signals, select, step_rng
 from bots_server.errors import FailedPrecondition, InvalidArgument, NotFound
-from bots_server.store import BatchAlreadyReported, BatchRow, LeaseConflict, Lookup, StaleStep, StepEvent, Store
+from bots_server.store import (
+    BatchAlreadyReported,
+    BatchRow,
+    LeaseConflict,
+    Lookup,
+    RequestKeyTaken,
+    StaleStep,
+    StepEvent,
+    Store,
+)
 
 
 class Batches:
@@ -35,60 +44,9 @@ class Batches:
         that batch."""
         validation.experiment_name(name)
         validation.batch_request(batch_size, request_key)
-        rt = self.runtime
-        async with rt.locked(name):
-            live = await rt.resident(name)
-            if live.num_tasks < batch_size:  # this copy may be behind another replica's AddTasks
-                await rt.catch_up(live)
-            if live.num_tasks == 0:
-                raise FailedPrecondition(f"experiment {name!r} has no tasks; add tasks first")
-            if batch_size > live.num_tasks:
-                raise InvalidArgument(f"batch_size = {batch_size} is larger than the pool of {live.num_tasks} tasks")
-            request_key = request_key or uuid.uuid4().hex
-            caught_up = False
-            for _ in range(MAX_WRITE_ATTEMPTS):
-                now = rt.clock()
-                row = BatchRow(
-                    batch_id=uuid.uuid4().hex,
-                    request_key=request_key,
-                    step=live.step,
-                    task_idx=[],
-                    create_time=now,
-                    lease_expire_time=now + dt.timedelta(seconds=live.config.lease_ttl_seconds),
-                    reported_step=None,
-                )
-                try:
-                    stored = await rt.db(_choose_and_store, rt.store, live, row, batch_size)
-                except (StaleStep, LeaseConflict):  # another replica reported, leased, added or retired meanwhile
-                    await rt.catch_up(live, Lookup(leases_at=rt.clock()))
-                    continue
-                except FailedPrecondition:
-                    # Too few free tasks, as this copy sees them: unless this
-                    # request key has its batch already, or the copy was
-                    # behind, that is the answer.
-                    if caught_up:
-                        raise
-                    rows = await rt.catch_up(live, Lookup(request_key=request_key, leases_at=rt.clock()))
-                    if rows.batch is not None:
-                        return _same_request(live, rows.batch, batch_size)
-                    caught_up = True
-                    continue
-                if stored.batch_id != row.batch_id:  # this request key has its batch already
-                    return _same_request(live, stored, batch_size)
-                # Expired leases are dropped here, so the map holds the batches in flight.
-                live.open_batches = {
-                    b: batch for b, batch in live.open_batches.items() if batch.lease_expire_time > now
-                }
-                live.open_batches[stored.batch_id] = stored
-                rt.notify(rt.observer.batch_selected, name, row.batch_id, batch_size, row.lease_expire_time.timestamp())
-                if live.has_groups:
-                    rt.notify(rt.observer.groups_selected, name, live.group_counts(stored.task_idx))
-                audit.steps.info(
-                    "batch selected",
-                    extra={"experiment": name, "batch_id": row.batch_id, "step": live.step, "batch_size": batch_size},
-                )
-                return _batch(live, stored)
-            raise contended(name)
+        async with self.runtime.locked(name):
+            live = await self.runtime.resident(name)
+            return await self._select(live, batch_size, request_key or uuid.uuid4().hex)
 
     async def report(self, name: str, batch_id: str, outcomes: Sequence[Outcome]) -> ReportResult:
         """Apply one batch's outcomes as one step; acknowledged once committed.
@@ -102,59 +60,192 @@ class Batches:
         """
         validation.experiment_name(name)
         validation.outcomes(batch_id, outcomes)
+        async with self.runtime.locked(name):
+            live = await self.runtime.resident(name)
+            return await self._report(live, batch_id, outcomes)
+
+    async def report_and_select(
+        self, name: str, batch_id: str, outcomes: Sequence[Outcome], batch_size: int, request_key: str
+    ) -> tuple[ReportResult, Batch]:
+        """report, then select, committed in one transaction: both or neither.
+
+        The batch is the one select would choose right after the report. A
+        batch reported already (a retry, or a ReportOutcomes call) is
+        answered as report answers a repeat, and the select stands alone:
+        its request key makes it idempotent. So does a request key that has
+        its batch already (as select does): the report is applied alone and
+        that batch returned, or, if select would reject it, neither."""
+        validation.experiment_name(name)
+        validation.outcomes(batch_id, outcomes)
+        validation.batch_request(batch_size, request_key)
         rt = self.runtime
+        request_key = request_key or uuid.uuid4().hex
         async with rt.locked(name):
             live = await rt.resident(name)
+            caught_up = False
             for _ in range(MAX_WRITE_ATTEMPTS):
-                batch = live.open_batches.get(batch_id)
-                if batch is None:  # selected before a restart, on another replica, or reported already
-                    batch = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
-                    if batch is None:
-                        raise NotFound(f"batch {batch_id!r} not found in experiment {name!r}")
-                    if batch.compacted:  # reported long ago: its tasks are gone, nothing to match
-                        return await self._repeated(live, batch, [], [], [])
+                batch = await self._batch_to_report(live, batch_id)
+                if batch.compacted or batch.reported_step is not None:
+                    return await self._repeated(live, batch, outcomes), await self._select(live, batch_size, request_key)
+                await self._check_pool(live, batch_size)
                 task_idx, successes, trials = _match(live, batch, outcomes)
-                if batch.reported_step is not None:
-                    return await self._repeated(live, batch, task_idx, successes, trials)
+                row = _new_row(live, live.step + 1, request_key, rt.clock())
                 try:
-                    state, event = await rt.db(
-                        _apply_and_commit, rt.store, live, batch_id, task_idx, successes, trials, rt.clock()
+                    state, event, stored = await rt.db(
+                        _report_choose_and_commit, rt.store, live, batch_id, task_idx, successes, trials, row, batch_size
                     )
-                except StaleStep:  # another replica reported or added tasks meanwhile
-                    await rt.catch_up(live)
+                except (StaleStep, LeaseConflict):  # another replica reported, leased, added or retired meanwhile
+                    await rt.catch_up(live, Lookup(leases_at=rt.clock()))
                     continue
                 except BatchAlreadyReported:  # another replica applied it meanwhile
-                    batch = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
-                    assert batch is not None
-                    return await self._repeated(live, batch, task_idx, successes, trials)
-                live.state, live.step = state, event.step
-                live.open_batches.pop(batch_id, None)
-                signals = batch_signals(successes, trials)
-                view = PosteriorView.of(event.step, state, live.config.target_success)
-                rt.notify(rt.observer.report_applied, name, batch_id, signals, view)
-                audit.steps.info(
-                    "report applied",
-                    extra={"experiment": name, "step": event.step, "batch_id": batch_id, "tasks": len(task_idx)},
-                )
+                    reported = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
+                    assert reported is not None
+                    return await self._repeated(live, reported, outcomes), await self._select(live, batch_size, request_key)
+                except RequestKeyTaken as taken:
+                    existing = _same_request(live, taken.existing, batch_size)
+                    return await self._report(live, batch_id, outcomes), existing
+                except FailedPrecondition:  # too few free tasks, as this copy sees them (see _select)
+                    if caught_up:
+                        raise
+                    rows = await rt.catch_up(live, Lookup(request_key=request_key, leases_at=rt.clock()))
+                    if rows.batch is not None:
+                        existing = _same_request(live, rows.batch, batch_size)
+                        return await self._report(live, batch_id, outcomes), existing
+                    caught_up = True
+                    continue
+                self._applied(live, state, event)
+                self._stored(live, stored)
                 self.checkpoints.after_step(live)
-                return ReportResult(step=event.step, capability=event.capability, duplicate=False)
+                return ReportResult(step=event.step, capability=event.capability, duplicate=False), _batch(live, stored)
             raise contended(name)
 
-    async def _repeated(
-        self, live: LiveExperiment, batch: BatchRow, task_idx: list[int], successes: list[float], trials: list[int]
-    ) -> ReportResult:
+    async def _select(self, live: LiveExperiment, batch_size: int, request_key: str) -> Batch:
+        """select, holding the experiment's lock."""
+        rt = self.runtime
+        await self._check_pool(live, batch_size)
+        caught_up = False
+        for _ in range(MAX_WRITE_ATTEMPTS):
+            row = _new_row(live, live.step, request_key, rt.clock())
+            try:
+                stored = await rt.db(_choose_and_store, rt.store, live, row, batch_size)
+            except (StaleStep, LeaseConflict):  # another replica reported, leased, added or retired meanwhile
+                await rt.catch_up(live, Lookup(leases_at=rt.clock()))
+                continue
+            except FailedPrecondition:
+                # Too few free tasks, as this copy sees them: unless this
+                # request key has its batch already, or the copy was
+                # behind, that is the answer.
+                if caught_up:
+                    raise
+                rows = await rt.catch_up(live, Lookup(request_key=request_key, leases_at=rt.clock()))
+                if rows.batch is not None:
+                    return _same_request(live, rows.batch, batch_size)
+                caught_up = True
+                continue
+            if stored.batch_id != row.batch_id:  # this request key has its batch already
+                return _same_request(live, stored, batch_size)
+            self._stored(live, stored)
+            return _batch(live, stored)
+        raise contended(live.name)
+
+    async def _report(self, live: LiveExperiment, batch_id: str, outcomes: Sequence[Outcome]) -> ReportResult:
+        """report, holding the experiment's lock."""
+        rt = self.runtime
+        for _ in range(MAX_WRITE_ATTEMPTS):
+            batch = await self._batch_to_report(live, batch_id)
+            if batch.compacted or batch.reported_step is not None:
+                return await self._repeated(live, batch, outcomes)
+            task_idx, successes, trials = _match(live, batch, outcomes)
+            try:
+                state, event = await rt.db(
+                    _apply_and_commit, rt.store, live, batch_id, task_idx, successes, trials, rt.clock()
+                )
+            except StaleStep:  # another replica reported or added tasks meanwhile
+                await rt.catch_up(live)
+                continue
+            except BatchAlreadyReported:  # another replica applied it meanwhile
+                reported = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
+                assert reported is not None
+                return await self._repeated(live, reported, outcomes)
+            self._applied(live, state, event)
+            self.checkpoints.after_step(live)
+            return ReportResult(step=event.step, capability=event.capability, duplicate=False)
+        raise contended(live.name)
+
+    async def _check_pool(self, live: LiveExperiment, batch_size: int) -> None:
+        if live.num_tasks < batch_size:  # this copy may be behind another replica's AddTasks
+            await self.runtime.catch_up(live)
+        if live.num_tasks == 0:
+            raise FailedPrecondition(f"experiment {live.name!r} has no tasks; add tasks first")
+        if batch_size > live.num_tasks:
+            raise InvalidArgument(f"batch_size = {batch_size} is larger than the pool of {live.num_tasks} tasks")
+
+    async def _batch_to_report(self, live: LiveExperiment, batch_id: str) -> BatchRow:
+        batch = live.open_batches.get(batch_id)
+        if batch is None:  # selected before a restart, on another replica, or reported already
+            batch = (await self.runtime.catch_up(live, Lookup(batch_id=batch_id))).batch
+            if batch is None:
+                raise NotFound(f"batch {batch_id!r} not found in experiment {live.name!r}")
+        return batch
+
+    def _stored(self, live: LiveExperiment, stored: BatchRow) -> None:
+        """Bookkeeping of a batch just stored."""
+        rt = self.runtime
+        # Expired leases are dropped here, so the map holds the batches in flight.
+        live.open_batches = {
+            b: batch for b, batch in live.open_batches.items() if batch.lease_expire_time > stored.create_time
+        }
+        live.open_batches[stored.batch_id] = stored
+        batch_size = len(stored.task_idx)
+        expires = stored.lease_expire_time.timestamp()
+        rt.notify(rt.observer.batch_selected, live.name, stored.batch_id, batch_size, expires)
+        if live.has_groups:
+            rt.notify(rt.observer.groups_selected, live.name, live.group_counts(stored.task_idx))
+        audit.steps.info(
+            "batch selected",
+            extra={"experiment": live.name, "batch_id": stored.batch_id, "step": stored.step, "batch_size": batch_size},
+        )
+
+    def _applied(self, live: LiveExperiment, state: PosteriorState, event: StepEvent) -> None:
+        """Bookkeeping of a report just committed."""
+        rt = self.runtime
+        live.state, live.step = state, event.step
+        live.open_batches.pop(event.batch_id, None)
+        signals = batch_signals(event.successes, event.trials)
+        view = PosteriorView.of(event.step, state, live.config.target_success)
+        rt.notify(rt.observer.report_applied, live.name, event.batch_id, signals, view)
+        audit.steps.info(
+            "report applied",
+            extra={"experiment": live.name, "step": event.step, "batch_id": event.batch_id, "tasks": len(event.task_idx)},
+        )
+
+    async def _repeated(self, live: LiveExperiment, batch: BatchRow, outcomes: Sequence[Outcome]) -> ReportResult:
+        """The answer to a report of a batch reported already."""
         assert batch.reported_step is not None
         rt = self.runtime
         event = await rt.db(rt.store.read_event, live.id, batch.reported_step)
-        if not event.complete:
+        if batch.compacted or not event.complete:
             # Compacted: its outcomes cannot be compared any more; a retry
             # this old can only be a duplicate (docs/design-compaction.md).
             return ReportResult(step=event.step, capability=event.capability, duplicate=True)
-        if (event.task_idx, event.successes, event.trials) != (task_idx, successes, trials):
+        if (event.task_idx, event.successes, event.trials) != _match(live, batch, outcomes):
             raise FailedPrecondition(
                 f"batch {batch.batch_id!r} was already reported at step {batch.reported_step} with other outcomes"
             )
         return ReportResult(step=event.step, capability=event.capability, duplicate=True)
+
+
+def _new_row(live: LiveExperiment, step: int, request_key: str, now: dt.datetime) -> BatchRow:
+    """A batch to choose at `step`, its tasks not chosen yet."""
+    return BatchRow(
+        batch_id=uuid.uuid4().hex,
+        request_key=request_key,
+        step=step,
+        task_idx=[],
+        create_time=now,
+        lease_expire_time=now + dt.timedelta(seconds=live.config.lease_ttl_seconds),
+        reported_step=None,
+    )
 
 
 def _choose_and_store(store: Store, live: LiveExperiment, row: BatchRow, batch_size: int) -> BatchRow:
@@ -162,7 +253,7 @@ def _choose_and_store(store: Store, live: LiveExperiment, row: BatchRow, batch_s
     (blocking): the stored batch, or the one the request key has already."""
     now = row.create_time
     open_ids, leased = live.leased_at(now)
-    chosen = _choose(live, leased, batch_size, row.request_key)
+    chosen = _choose(live, live.state, row.step, leased, batch_size, row.request_key)
     return store.insert_batch(
         live.id,
         dataclasses.replace(row, task_idx=chosen),
@@ -173,7 +264,11 @@ def _choose_and_store(store: Store, live: LiveExperiment, row: BatchRow, batch_s
     )
 
 
-def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_key: str) -> list[int]:
+def _choose(
+    live: LiveExperiment, state: PosteriorState, step: int, leased: list[int], batch_size: int, request_key: str
+) -> list[int]:
+    """The batch chosen from `state` at `step` among the tasks neither
+    retired nor `leased`."""
     available = ~live.retired
     num_active = int(available.sum())
     available[np.asarray(leased, dtype=np.int64)] = False
@@ -185,22 +280,15 @@ def _choose(live: LiveExperiment, leased: list[int], batch_size: int, request_ke
             + (f"{retired} are retired and " if retired else "")
             + f"{num_active - free} are leased by open batches (report them or wait for their leases to expire)"
         )
-    rng = step_rng(live.config.seed, live.step, request_key)
-    chosen = select(live.config, live.state.alpha, live.state.beta, available, batch_size, rng, live.quotas())
+    rng = step_rng(live.config.seed, step, request_key)
+    chosen = select(live.config, state.alpha, state.beta, available, batch_size, rng, live.quotas())
     return chosen.tolist()
 
 
-def _apply_and_commit(
-    store: Store,
-    live: LiveExperiment,
-    batch_id: str,
-    task_idx: list[int],
-    successes: list[float],
-    trials: list[int],
-    now: dt.datetime,
+def _apply(
+    live: LiveExperiment, batch_id: str, task_idx: list[int], successes: list[float], trials: list[int]
 ) -> tuple[PosteriorState, StepEvent]:
-    """Apply a report to `live`'s state and commit it as the next step, on
-    one worker (blocking): the new state and the committed event."""
+    """A report applied to `live`'s state: the new state and the step's event."""
     result = apply_outcomes(
         live.config,
         live.state,
@@ -218,8 +306,45 @@ def _apply_and_commit(
         capability=None if math.isnan(result.state.capability) else result.state.capability,
         capability_estimate=None if math.isnan(result.capability_estimate) else result.capability_estimate,
     )
-    store.commit_report(live.id, live.step, event, now, num_tasks=live.num_tasks)
     return result.state, event
+
+
+def _apply_and_commit(
+    store: Store,
+    live: LiveExperiment,
+    batch_id: str,
+    task_idx: list[int],
+    successes: list[float],
+    trials: list[int],
+    now: dt.datetime,
+) -> tuple[PosteriorState, StepEvent]:
+    """Apply a report to `live`'s state and commit it as the next step, on
+    one worker (blocking): the new state and the committed event."""
+    state, event = _apply(live, batch_id, task_idx, successes, trials)
+    store.commit_report(live.id, live.step, event, now, num_tasks=live.num_tasks)
+    return state, event
+
+
+def _report_choose_and_commit(
+    store: Store,
+    live: LiveExperiment,
+    batch_id: str,
+    task_idx: list[int],
+    successes: list[float],
+    trials: list[int],
+    row: BatchRow,
+    batch_size: int,
+) -> tuple[PosteriorState, StepEvent, BatchRow]:
+    """Apply a report, choose the next batch from the new state at the new
+    step, and commit both in one transaction, on one worker (blocking)."""
+    state, event = _apply(live, batch_id, task_idx, successes, trials)
+    now = row.create_time
+    open_ids, leased = live.leased_at(now, besides=batch_id)
+    batch = dataclasses.replace(row, task_idx=_choose(live, state, event.step, leased, batch_size, row.request_key))
+    store.commit_report_and_insert_batch(
+        live.id, live.step, event, batch, now, live.pool_seq, open_batches=open_ids, num_tasks=live.num_tasks
+    )
+    return state, event, batch
 
 
 def _same_request(live: LiveExperiment, existing: BatchRow, batch_size: int) -> Batch:

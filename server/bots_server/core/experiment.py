@@ -242,11 +242,12 @@ class LiveExperiment:
         if rows.open_batches is not None:
             self.open_batches = {batch.batch_id: batch for batch in rows.open_batches}
 
-    def leased_at(self, now: dt.datetime) -> tuple[list[str], list[int]]:
-        """The batches open at `now` (ids) and their tasks, as this copy knows them."""
+    def leased_at(self, now: dt.datetime, besides: str | None = None) -> tuple[list[str], list[int]]:
+        """The batches open at `now` (ids) and their tasks, as this copy
+        knows them; `besides`: a batch left out (the one being reported)."""
         ids, tasks = [], []
         for batch in self.open_batches.values():
-            if batch.lease_expire_time > now:
+            if batch.lease_expire_time > now and batch.batch_id != besides:
                 ids.append(batch.batch_id)
                 tasks.extend(batch.task_idx)
         return ids, tasks

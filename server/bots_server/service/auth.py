@@ -53,6 +53,7 @@ REQUIRED_ROLE = {
     "AddTasks": Role.WRITER,
     "SelectBatch": Role.WRITER,
     "ReportOutcomes": Role.WRITER,
+    "ReportAndSelect": Role.WRITER,
     "RetireTasks": Role.WRITER,
     "ReactivateTasks": Role.WRITER,
     "SetGroupShares": Role.WRITER,

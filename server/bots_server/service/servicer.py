@@ -186,6 +186,16 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         return convert.report_to_proto(result)
 
     @unary
+    async def ReportAndSelect(
+        self, request: pb.ReportAndSelectRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportAndSelectResponse:
+        outcomes = convert.outcomes_from_proto(request.outcomes)
+        result, batch = await self.core.batches.report_and_select(
+            _name(request.experiment), request.batch_id, outcomes, request.batch_size, request.request_key
+        )
+        return pb.ReportAndSelectResponse(report=convert.report_to_proto(result), batch=convert.batch_to_proto(batch))
+
+    @unary
     async def RetireTasks(
         self, request: pb.RetireTasksRequest, context: grpc.aio.ServicerContext
     ) -> pb.RetireTasksResponse:

@@ -13,6 +13,7 @@ from bots_server.store.errors import (
     BatchAlreadyReported,
     DatabaseInUse,
     LeaseConflict,
+    RequestKeyTaken,
     StaleStep,
     UnsupportedDatabase,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "LoadedRows",
     "Lookup",
     "PoolEvent",
+    "RequestKeyTaken",
     "RetirementEvent",
     "SchemaStatus",
     "SharesEvent",

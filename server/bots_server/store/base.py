@@ -308,3 +308,26 @@ class Store(abc.ABC):
         does not exist). Nothing is written in either case. Once this
         returns the event is durable.
         """
+
+    @abc.abstractmethod
+    def commit_report_and_insert_batch(
+        self,
+        experiment_id: int,
+        expected_step: int,
+        event: StepEvent,
+        batch: BatchRow,
+        now: dt.datetime,
+        pool_seq: int,
+        *,
+        open_batches: Collection[str],
+        num_tasks: int,
+    ) -> None:
+        """commit_report, then insert_batch of a batch chosen at `event.step`
+        (`batch.step`), in one transaction: both are written or neither.
+
+        Raises what either raises, and RequestKeyTaken (with the stored
+        batch) where insert_batch would return the request key's batch: the
+        caller decides what that means for the report. `open_batches` are
+        the batches open at `now` besides the reported one. Once this
+        returns both are durable.
+        """

@@ -5,6 +5,8 @@ library, so the core can catch them without importing one."""
 
 from __future__ import annotations
 
+from bots_server.store.records import BatchRow
+
 
 class StaleStep(Exception):
     """The experiment moved on (another replica or a racing call): re-read and retry."""
@@ -16,6 +18,15 @@ class BatchAlreadyReported(Exception):
 
 class LeaseConflict(Exception):
     """Another writer leased some of the chosen tasks first: choose again."""
+
+
+class RequestKeyTaken(Exception):
+    """The request key has a batch already; the transaction that would
+    have stored a new one was rolled back."""
+
+    def __init__(self, existing: BatchRow) -> None:
+        super().__init__(existing.batch_id)
+        self.existing = existing
 
 
 class Abandoned(Exception):

@@ -30,7 +30,7 @@ from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import pieces, revisions
 from bots_server.store import schema as t
 from bots_server.store.base import Store
-from bots_server.store.errors import Abandoned, BatchAlreadyReported, LeaseConflict, StaleStep
+from bots_server.store.errors import Abandoned, BatchAlreadyReported, LeaseConflict, RequestKeyTaken, StaleStep
 from bots_server.store.records import (
     DEFAULT_TENANT,
     BatchRow,
@@ -637,85 +637,131 @@ class SqlStore(Store):
         num_tasks: int | None = None,
     ) -> BatchRow:
         with self._write() as conn:
-            # The lock first, then the checks in a statement of their own: on
-            # PostgreSQL a statement that waited for the lock reads with the
-            # snapshot it started with, blind to what the holder committed.
-            locked = conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
-            known = sorted(set(open_batches or ()))
-            checks = conn.execute(
-                _SELECT_CHECKS,
-                {"experiment_id": experiment_id, "request_key": batch.request_key, "now": now, "known": known},
-            ).one()
-            if checks.existing is not None:
-                existing = self._find_batch(conn, experiment_id, t.batches.c.batch_id == checks.existing)
-                assert existing is not None
-                return existing
-            if locked is None or locked.step != batch.step:
-                raise StaleStep()
-            if num_tasks is not None and locked.num_tasks != num_tasks:
-                raise StaleStep()
-            if pool_seq is not None and max(checks.retired_seq, checks.shares_seq) != pool_seq:
-                raise StaleStep()
-            if open_batches is not None:
-                # The caller chose among the tasks these batches leave free:
-                # any other open batch (another replica's) voids the choice.
-                if not checks.open == checks.open_known == len(known):
-                    raise LeaseConflict()
-            else:
-                chosen = set(batch.task_idx)
-                if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
-                    raise LeaseConflict()
-            conn.execute(
-                _INSERT_BATCH,
-                {
-                    "experiment_id": experiment_id,
-                    "batch_id": batch.batch_id,
-                    "request_key": batch.request_key,
-                    "step": batch.step,
-                    "batch_size": len(batch.task_idx),
-                    "create_time": batch.create_time,
-                    "lease_expire_time": batch.lease_expire_time,
-                    "reported_step": None,
-                },
-            )
-            rows = ((experiment_id, batch.batch_id, i, idx) for i, idx in enumerate(batch.task_idx))
-            self._bulk_insert(conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), rows)
-        return batch
+            existing = self._insert_batch_in(conn, experiment_id, batch, now, pool_seq, open_batches, num_tasks)
+        return existing or batch
 
     @_translate_errors
     def commit_report(
         self, experiment_id: int, expected_step: int, event: StepEvent, now: dt.datetime, num_tasks: int | None = None
     ) -> None:
+        with self._write() as conn:
+            self._commit_report_in(conn, experiment_id, expected_step, event, now, num_tasks)
+
+    @_translate_errors
+    def commit_report_and_insert_batch(
+        self,
+        experiment_id: int,
+        expected_step: int,
+        event: StepEvent,
+        batch: BatchRow,
+        now: dt.datetime,
+        pool_seq: int,
+        *,
+        open_batches: Collection[str],
+        num_tasks: int,
+    ) -> None:
+        with self._write() as conn:
+            self._commit_report_in(conn, experiment_id, expected_step, event, now, num_tasks)
+            existing = self._insert_batch_in(conn, experiment_id, batch, now, pool_seq, open_batches, num_tasks)
+            if existing is not None:
+                raise RequestKeyTaken(existing)  # rolls the report back too
+
+    def _insert_batch_in(
+        self,
+        conn: Connection,
+        experiment_id: int,
+        batch: BatchRow,
+        now: dt.datetime,
+        pool_seq: int | None,
+        open_batches: Collection[str] | None,
+        num_tasks: int | None,
+    ) -> BatchRow | None:
+        """insert_batch's checks and writes in `conn`'s transaction: None
+        once stored, or the request key's batch (nothing written)."""
+        # The lock first, then the checks in a statement of their own: on
+        # PostgreSQL a statement that waited for the lock reads with the
+        # snapshot it started with, blind to what the holder committed.
+        locked = conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
+        known = sorted(set(open_batches or ()))
+        checks = conn.execute(
+            _SELECT_CHECKS,
+            {"experiment_id": experiment_id, "request_key": batch.request_key, "now": now, "known": known},
+        ).one()
+        if checks.existing is not None:
+            existing = self._find_batch(conn, experiment_id, t.batches.c.batch_id == checks.existing)
+            assert existing is not None
+            return existing
+        if locked is None or locked.step != batch.step:
+            raise StaleStep()
+        if num_tasks is not None and locked.num_tasks != num_tasks:
+            raise StaleStep()
+        if pool_seq is not None and max(checks.retired_seq, checks.shares_seq) != pool_seq:
+            raise StaleStep()
+        if open_batches is not None:
+            # The caller chose among the tasks these batches leave free:
+            # any other open batch (another replica's) voids the choice.
+            if not checks.open == checks.open_known == len(known):
+                raise LeaseConflict()
+        else:
+            chosen = set(batch.task_idx)
+            if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
+                raise LeaseConflict()
+        conn.execute(
+            _INSERT_BATCH,
+            {
+                "experiment_id": experiment_id,
+                "batch_id": batch.batch_id,
+                "request_key": batch.request_key,
+                "step": batch.step,
+                "batch_size": len(batch.task_idx),
+                "create_time": batch.create_time,
+                "lease_expire_time": batch.lease_expire_time,
+                "reported_step": None,
+            },
+        )
+        rows = ((experiment_id, batch.batch_id, i, idx) for i, idx in enumerate(batch.task_idx))
+        self._bulk_insert(conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), rows)
+        return None
+
+    def _commit_report_in(
+        self,
+        conn: Connection,
+        experiment_id: int,
+        expected_step: int,
+        event: StepEvent,
+        now: dt.datetime,
+        num_tasks: int | None,
+    ) -> None:
+        """commit_report's compare-and-set and writes in `conn`'s transaction."""
         expected = {"experiment_id": experiment_id, "expected_step": expected_step, "new_step": event.step}
         advance = _ADVANCE_STEP
         if num_tasks is not None:
             advance, expected["b_num_tasks"] = _ADVANCE_STEP_SAME_POOL, num_tasks
-        with self._write() as conn:
-            advanced = conn.execute(advance, expected).rowcount
-            if advanced != 1:
-                raise StaleStep()
-            marked = conn.execute(
-                _MARK_REPORTED, {"b_experiment_id": experiment_id, "b_batch_id": event.batch_id, "new_step": event.step}
-            ).rowcount
-            if marked != 1:
-                raise BatchAlreadyReported()  # rolls the step back too
-            conn.execute(
-                _INSERT_STEP,
-                {
-                    "experiment_id": experiment_id,
-                    "step": event.step,
-                    "batch_id": event.batch_id,
-                    "pool_size": event.pool_size,
-                    "capability": event.capability,
-                    "capability_estimate": event.capability_estimate,
-                    "create_time": now,
-                },
-            )
-            rows = (
-                (experiment_id, event.step, i, s, n)
-                for i, s, n in zip(event.task_idx, event.successes, event.trials, strict=True)
-            )
-            self._bulk_insert(conn, t.outcomes, ("experiment_id", "step", "task_idx", "successes", "trials"), rows)
+        advanced = conn.execute(advance, expected).rowcount
+        if advanced != 1:
+            raise StaleStep()
+        marked = conn.execute(
+            _MARK_REPORTED, {"b_experiment_id": experiment_id, "b_batch_id": event.batch_id, "new_step": event.step}
+        ).rowcount
+        if marked != 1:
+            raise BatchAlreadyReported()  # rolls the step back too
+        conn.execute(
+            _INSERT_STEP,
+            {
+                "experiment_id": experiment_id,
+                "step": event.step,
+                "batch_id": event.batch_id,
+                "pool_size": event.pool_size,
+                "capability": event.capability,
+                "capability_estimate": event.capability_estimate,
+                "create_time": now,
+            },
+        )
+        rows = (
+            (experiment_id, event.step, i, s, n)
+            for i, s, n in zip(event.task_idx, event.successes, event.trials, strict=True)
+        )
+        self._bulk_insert(conn, t.outcomes, ("experiment_id", "step", "task_idx", "successes", "trials"), rows)
 
     def _next_pool_event(self, conn: Connection, experiment_id: int, seq: int) -> int:
         """Lock the experiment row and check that `seq` is its next pool

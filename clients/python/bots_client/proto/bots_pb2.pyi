@@ -283,6 +283,28 @@ class ReportOutcomesResponse(_message.Message):
     duplicate: bool
     def __init__(self, step: _Optional[int] = ..., capability: _Optional[float] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
+class ReportAndSelectRequest(_message.Message):
+    __slots__ = ("experiment", "batch_id", "outcomes", "batch_size", "request_key")
+    EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    experiment: str
+    batch_id: str
+    outcomes: _containers.RepeatedCompositeFieldContainer[Outcome]
+    batch_size: int
+    request_key: str
+    def __init__(self, experiment: _Optional[str] = ..., batch_id: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ..., batch_size: _Optional[int] = ..., request_key: _Optional[str] = ...) -> None: ...
+
+class ReportAndSelectResponse(_message.Message):
+    __slots__ = ("report", "batch")
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    report: ReportOutcomesResponse
+    batch: Batch
+    def __init__(self, report: _Optional[_Union[ReportOutcomesResponse, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
 class SnapshotRequest(_message.Message):
     __slots__ = ("experiment", "include_features")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]

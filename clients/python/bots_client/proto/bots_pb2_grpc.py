@@ -80,6 +80,11 @@ class TaskSelectorStub:
                 request_serializer=bots_dot_v1_dot_bots__pb2.ReportOutcomesRequest.SerializeToString,
                 response_deserializer=bots_dot_v1_dot_bots__pb2.ReportOutcomesResponse.FromString,
                 _registered_method=True)
+        self.ReportAndSelect = channel.unary_unary(
+                '/bots.v1.TaskSelector/ReportAndSelect',
+                request_serializer=bots_dot_v1_dot_bots__pb2.ReportAndSelectRequest.SerializeToString,
+                response_deserializer=bots_dot_v1_dot_bots__pb2.ReportAndSelectResponse.FromString,
+                _registered_method=True)
         self.Snapshot = channel.unary_stream(
                 '/bots.v1.TaskSelector/Snapshot',
                 request_serializer=bots_dot_v1_dot_bots__pb2.SnapshotRequest.SerializeToString,
@@ -171,6 +176,16 @@ class TaskSelectorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportAndSelect(self, request, context):
+        """One training step in one call: report a batch's outcomes and select the
+        next batch, committed in one transaction. Both are applied or neither.
+        The batch is the one SelectBatch would return right after the report
+        (same state, step and request key). A retry returns the same answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Snapshot(self, request, context):
         """Server-streaming: the posterior in chunks; the first chunk carries the
         experiment (config, step, task count).
@@ -258,6 +273,11 @@ def add_TaskSelectorServicer_to_server(servicer, server):
                     servicer.ReportOutcomes,
                     request_deserializer=bots_dot_v1_dot_bots__pb2.ReportOutcomesRequest.FromString,
                     response_serializer=bots_dot_v1_dot_bots__pb2.ReportOutcomesResponse.SerializeToString,
+            ),
+            'ReportAndSelect': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportAndSelect,
+                    request_deserializer=bots_dot_v1_dot_bots__pb2.ReportAndSelectRequest.FromString,
+                    response_serializer=bots_dot_v1_dot_bots__pb2.ReportAndSelectResponse.SerializeToString,
             ),
             'Snapshot': grpc.unary_stream_rpc_method_handler(
                     servicer.Snapshot,
@@ -528,6 +548,33 @@ class TaskSelector:
             '/bots.v1.TaskSelector/ReportOutcomes',
             bots_dot_v1_dot_bots__pb2.ReportOutcomesRequest.SerializeToString,
             bots_dot_v1_dot_bots__pb2.ReportOutcomesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportAndSelect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bots.v1.TaskSelector/ReportAndSelect',
+            bots_dot_v1_dot_bots__pb2.ReportAndSelectRequest.SerializeToString,
+            bots_dot_v1_dot_bots__pb2.ReportAndSelectResponse.FromString,
             options,
             channel_credentials,
             insecure,
