@@ -40,7 +40,7 @@ import sqlite3
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +72,8 @@ class PerfConfig:
     throughput_seconds: float = 10.0
     throughput_batch: int = 64  # the issue's 64 experiments x 10k tasks, batch 64
     throughput_replicas: tuple[int, ...] = (1, 2, 3)  # servers on one database (PostgreSQL only)
+    # How a loop steps: "separate" SelectBatch + ReportOutcomes, "combined" ReportAndSelect; each level runs each, in turn.
+    throughput_steps: tuple[str, ...] = ("separate", "combined")
     breakdown_pool: int = 100_000
     breakdown_steps: int = 60
     history_batches: tuple[int, ...] = (0, 1000, 5000)
@@ -211,45 +213,74 @@ class EngineStep:
 
 
 def interleaved_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str, Any]:
-    """The round trip against the reference step, honestly: each socket
-    select+report alternates with one in-process engine step on the same
-    pool in this process (which goes first alternates too), so load that
-    comes and goes hits both alike. Also the server's CPU seconds per step."""
+    """The round trip against the reference step, honestly: each step of the
+    reference alternates with one socket step of each kind on the same pool
+    in this process, in an order that rotates, so load that comes and goes
+    hits all alike. The two kinds step twin experiments on one server:
+    `separate` a SelectBatch then a ReportOutcomes, `combined` one
+    ReportAndSelect (reporting the batch the previous call returned). Also
+    the server's CPU seconds per step of each kind."""
     import bots_client
 
     server = common.server_process(url).start()
     engine = EngineStep(n, cfg.batch_size)
     rng = np.random.default_rng(2)
-    name = f"inter-{n}"
+    separate, combined = f"inter-{n}", f"inter-combined-{n}"
     try:
         with bots_client.Client(server.address, timeout=600) as client:
-            client.create_experiment(name, experiment_config())
-            client.add_tasks(name, make_tasks(n))
-            for i in range(3):  # warm-up, both sides
-                _cycle(client, name, f"warm-{i}", rng, cfg.batch_size)
+            for name in (separate, combined):
+                client.create_experiment(name, experiment_config())
+                client.add_tasks(name, make_tasks(n))
+            open_batch = client.select_batch(combined, cfg.batch_size, "warm-open")
+            for i in range(3):  # warm-up, every side
+                _cycle(client, separate, f"warm-{i}", rng, cfg.batch_size)
+                _, open_batch = client.report_and_select(
+                    combined, open_batch.batch_id, random_outcomes(open_batch.keys, rng), cfg.batch_size, f"warm-{i}"
+                )
                 engine.step()
             steps = cfg.steps_for(n)
-            trips, selects, reports, reference = [], [], [], []
-            cpu0 = _cpu_seconds(server.proc.pid)
-            for i in range(steps):
-                if i % 2:
-                    reference.append(engine.step())
+            trips, selects, reports, combined_trips, reference = [], [], [], [], []
+            cpu = {"separate": 0.0, "combined": 0.0}
+
+            def step_separate(i: int) -> None:
                 t0 = time.perf_counter()
-                batch = client.select_batch(name, cfg.batch_size, f"inter-{i}")
+                batch = client.select_batch(separate, cfg.batch_size, f"inter-{i}")
                 t1 = time.perf_counter()
                 outcomes = random_outcomes(batch.keys, rng)
                 t2 = time.perf_counter()
-                client.report_outcomes(name, batch.batch_id, outcomes)
+                client.report_outcomes(separate, batch.batch_id, outcomes)
                 t3 = time.perf_counter()
-                if not i % 2:
-                    reference.append(engine.step())
                 selects.append(t1 - t0)
                 reports.append(t3 - t2)
                 trips.append((t1 - t0) + (t3 - t2))
-            cpu = _cpu_seconds(server.proc.pid) - cpu0
+
+            def step_combined(i: int) -> None:
+                nonlocal open_batch
+                outcomes = random_outcomes(open_batch.keys, rng)
+                t0 = time.perf_counter()
+                _, open_batch = client.report_and_select(
+                    combined, open_batch.batch_id, outcomes, cfg.batch_size, f"inter-{i}"
+                )
+                combined_trips.append(time.perf_counter() - t0)
+
+            def timed_cpu(kind: str, fn: Callable[[int], None], i: int) -> None:
+                # CPU ticks are coarse, but a tick lands in a step with the
+                # step's share of the time: the sums over all steps are fair.
+                before = _cpu_seconds(server.proc.pid)
+                fn(i)
+                cpu[kind] += _cpu_seconds(server.proc.pid) - before
+
+            sides = [
+                lambda i: reference.append(engine.step()),
+                lambda i: timed_cpu("separate", step_separate, i),
+                lambda i: timed_cpu("combined", step_combined, i),
+            ]
+            for i in range(steps):
+                for k in range(3):
+                    sides[(i + k) % 3](i)
     finally:
         server.stop()
-    trip, ref = common.percentiles(trips), common.percentiles(reference)
+    trip, ref, both = common.percentiles(trips), common.percentiles(reference), common.percentiles(combined_trips)
     out = {
         "backend": backend,
         "pool": n,
@@ -257,41 +288,52 @@ def interleaved_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str
         "round_trip": trip,
         "select": common.percentiles(selects),
         "report": common.percentiles(reports),
+        "combined_round_trip": both,
         "reference_step": ref,
         "ratio_p50": trip["p50"] / ref["p50"],
+        "combined_ratio_p50": both["p50"] / ref["p50"],
         "p99_over_p50": trip["p99"] / trip["p50"],
-        # Includes the background checkpoints the run triggers (every 100 steps by default).
-        "server_cpu_ms_per_step": cpu / steps * 1e3,
+        "combined_p99_over_p50": both["p99"] / both["p50"],
+        # Include the background checkpoints the run triggers (every 100 steps by default).
+        "server_cpu_ms_per_step": cpu["separate"] / steps * 1e3,
+        "combined_server_cpu_ms_per_step": cpu["combined"] / steps * 1e3,
     }
     log(
-        f"    {backend} {n:>9,}: round trip p50 {trip['p50']:.1f} ms (p99 {trip['p99']:.1f}), reference step p50 "
-        f"{ref['p50']:.1f} ms: {out['ratio_p50']:.2f}x; server CPU {out['server_cpu_ms_per_step']:.1f} ms/step"
+        f"    {backend} {n:>9,}: reference step p50 {ref['p50']:.1f} ms; separate calls p50 {trip['p50']:.1f} ms "
+        f"(p99 {trip['p99']:.1f}) {out['ratio_p50']:.2f}x, server CPU {out['server_cpu_ms_per_step']:.1f} ms/step; "
+        f"ReportAndSelect p50 {both['p50']:.1f} ms (p99 {both['p99']:.1f}) {out['combined_ratio_p50']:.2f}x, "
+        f"server CPU {out['combined_server_cpu_ms_per_step']:.1f} ms/step"
     )
     return out
 
 
 def _interleaved_table(runs: list[dict[str, Any]]) -> list[str]:
-    """Medians and ranges over the repeated runs, per backend and pool."""
+    """Medians and ranges over the repeated runs, per backend, pool and kind of step."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["backend"], r["pool"]), []).append(r)
 
     lines = [
         (
-            "Round trip (SelectBatch + ReportOutcomes over the socket) against the in-process reference step "
-            "(select + update), timed alternately in the same process on the same pool; median over the runs "
-            "(min-max):"
+            "Round trip over the socket against the in-process reference step (select + update), timed in "
+            "turn in the same process on the same pool; `separate`: SelectBatch + ReportOutcomes, `combined`: "
+            "ReportAndSelect; median over the runs (min-max):"
         ),
         "",
-        "| backend | pool | runs x steps | round trip p50 ms | reference step p50 ms | ratio | round trip p99 / p50 | server CPU ms per step |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | pool | step | runs x steps | round trip p50 ms | reference step p50 ms | ratio | round trip p99 / p50 | server CPU ms per step |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (backend, pool), rs in groups.items():
-        lines.append(
-            f"| {backend} | {pool:,} | {len(rs)} x {rs[0]['steps']} | {span([r['round_trip']['p50'] for r in rs])} "
-            f"| {span([r['reference_step']['p50'] for r in rs])} | {span([r['ratio_p50'] for r in rs], 2)}x "
-            f"| {span([r['p99_over_p50'] for r in rs], 2)} | {span([r['server_cpu_ms_per_step'] for r in rs])} |"
-        )
+        for kind, prefix in (("separate", ""), ("combined", "combined_")):
+            if prefix + "round_trip" not in rs[0]:
+                continue
+            lines.append(
+                f"| {backend} | {pool:,} | {kind} | {len(rs)} x {rs[0]['steps']} "
+                f"| {span([r[prefix + 'round_trip']['p50'] for r in rs])} "
+                f"| {span([r['reference_step']['p50'] for r in rs])} | {span([r[prefix + 'ratio_p50'] for r in rs], 2)}x "
+                f"| {span([r[prefix + 'p99_over_p50'] for r in rs], 2)} "
+                f"| {span([r[prefix + 'server_cpu_ms_per_step'] for r in rs])} |"
+            )
     return lines + [""]
 
 
@@ -530,16 +572,16 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
             addresses = [server.address for server in servers]
             pids = [server.proc.pid for server in servers]
             for level in cfg.throughput_levels:
-                level_result = asyncio.run(_throughput_level(addresses, names[:level], cfg, pids))
-                level_result["replicas"] = replicas
-                results["levels"].append(level_result)
-                log(
-                    f"    {backend}: {replicas} replica(s), {level:>3} concurrent experiments: "
-                    f"{level_result['steps_per_s']:.1f} steps/s, select p50 {level_result['select']['p50']:.1f} ms "
-                    f"(p99 {level_result['select']['p99']:.1f}), report p50 {level_result['report']['p50']:.1f} ms "
-                    f"(p99 {level_result['report']['p99']:.1f}), server CPU {level_result['server_cpu_share']:.2f} "
-                    f"cores, client CPU {level_result['client_cpu_share']:.2f}"
-                )
+                for kind in cfg.throughput_steps:
+                    level_result = asyncio.run(_throughput_level(addresses, names[:level], cfg, pids, kind))
+                    level_result["replicas"] = replicas
+                    results["levels"].append(level_result)
+                    log(
+                        f"    {backend}: {replicas} replica(s), {level:>3} concurrent experiments, {kind}: "
+                        f"{level_result['steps_per_s']:.1f} steps/s, step p50 {level_result['cycle']['p50']:.1f} ms "
+                        f"(p99 {level_result['cycle']['p99']:.1f}), server CPU {level_result['server_cpu_share']:.2f} "
+                        f"cores, client CPU {level_result['client_cpu_share']:.2f}"
+                    )
         finally:
             for server in servers:
                 server.stop()
@@ -547,37 +589,56 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
 
 
 async def _throughput_level(
-    addresses: Sequence[str], names: Sequence[str], cfg: PerfConfig, pids: Sequence[int]
+    addresses: Sequence[str], names: Sequence[str], cfg: PerfConfig, pids: Sequence[int], kind: str = "separate"
 ) -> dict[str, Any]:
+    """One level: a loop per experiment, stepping it by `kind` (see
+    PerfConfig.throughput_steps) as fast as the server answers."""
     import bots_client
 
     clients = [bots_client.AsyncClient(address, timeout=120) for address in addresses]
     sel: list[float] = []
     rep: list[float] = []
+    cycles: list[float] = []
     steps = 0
     errors: collections.Counter[str] = collections.Counter()
     measuring = False
     stop = False
 
+    async def separate(client: bots_client.AsyncClient, name: str, rng: np.random.Generator) -> None:
+        t0 = time.perf_counter()
+        batch = await client.select_batch(name, cfg.throughput_batch)
+        t1 = time.perf_counter()
+        outcomes = random_outcomes(batch.keys, rng)
+        t2 = time.perf_counter()
+        await client.report_outcomes(name, batch.batch_id, outcomes)
+        t3 = time.perf_counter()
+        if measuring:
+            sel.append(t1 - t0)
+            rep.append(t3 - t2)
+            cycles.append((t1 - t0) + (t3 - t2))
+
     async def worker(name: str, seed: int) -> None:
         nonlocal steps
         rng = np.random.default_rng(seed)
         client = clients[seed % len(clients)]
+        batch = None
         while not stop:
             try:
-                t0 = time.perf_counter()
-                batch = await client.select_batch(name, cfg.throughput_batch)
-                t1 = time.perf_counter()
-                outcomes = random_outcomes(batch.keys, rng)
-                t2 = time.perf_counter()
-                await client.report_outcomes(name, batch.batch_id, outcomes)
-                t3 = time.perf_counter()
+                if kind == "separate":
+                    await separate(client, name, rng)
+                elif batch is None:  # the first batch of a combined loop
+                    batch = await client.select_batch(name, cfg.throughput_batch)
+                    continue
+                else:
+                    outcomes = random_outcomes(batch.keys, rng)
+                    t0 = time.perf_counter()
+                    _, batch = await client.report_and_select(name, batch.batch_id, outcomes, cfg.throughput_batch)
+                    if measuring:
+                        cycles.append(time.perf_counter() - t0)
             except bots_client.BotsError as e:
                 errors[type(e).__name__] += 1
                 continue
             if measuring:
-                sel.append(t1 - t0)
-                rep.append(t3 - t2)
                 steps += 1
 
     workers = [asyncio.create_task(worker(name, i)) for i, name in enumerate(names)]
@@ -595,10 +656,12 @@ async def _throughput_level(
         await client.close()
     return {
         "experiments": len(names),
+        "step_kind": kind,
         "steps": steps,
         "steps_per_s": steps / elapsed,
-        "select": common.percentiles(sel),
-        "report": common.percentiles(rep),
+        "cycle": common.percentiles(cycles),
+        "select": common.percentiles(sel) if sel else None,
+        "report": common.percentiles(rep) if rep else None,
         "errors": dict(errors),
         "server_cpu_share": (cpu1 - cpu0) / elapsed,
         "client_cpu_share": (self1 - self0) / elapsed,
@@ -1208,16 +1271,17 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"Throughput: concurrent experiments of {result['throughput'][0]['pool']:,} tasks each, batch "
-            f"{result['throughput'][0].get('batch', BATCH)}, one select + report loop per experiment; server CPU "
-            "summed over the replicas:",
+            f"{result['throughput'][0].get('batch', BATCH)}, one loop per experiment stepping it by SelectBatch + "
+            "ReportOutcomes (separate) or ReportAndSelect (combined); server CPU summed over the replicas:",
             "",
-            "| backend | replicas | experiments | steps/s | SelectBatch p50 / p99 | ReportOutcomes p50 / p99 | server CPU (cores) | bench client CPU | errors |",
+            "| backend | replicas | experiments | step | steps/s | step p50 / p99 ms | server CPU (cores) | bench client CPU | errors |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for t in result["throughput"]:
             for lv in t["levels"]:
                 lines.append(
-                    f"| {t['backend']} | {lv.get('replicas', 1)} | {lv['experiments']} | {lv['steps_per_s']:.1f} | {_ms(lv['select'])} | {_ms(lv['report'])} | "
+                    f"| {t['backend']} | {lv.get('replicas', 1)} | {lv['experiments']} | {lv.get('step_kind', 'separate')} "
+                    f"| {lv['steps_per_s']:.1f} | {_ms(lv['cycle'])} | "
                     f"{lv['server_cpu_share']:.2f} | {lv['client_cpu_share']:.2f} | {sum(lv['errors'].values())} |"
                 )
     if result.get("breakdown"):
@@ -1307,6 +1371,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--throughput-replicas", default=None, help="comma-separated PostgreSQL server replicas (default 1,2,3)"
     )
     parser.add_argument(
+        "--throughput-steps",
+        default=None,
+        help="comma-separated: separate (SelectBatch + ReportOutcomes), combined (ReportAndSelect); default both, in turn",
+    )
+    parser.add_argument(
         "--throughput-summary", default=None, help="comma-separated --out files of earlier runs: print their medians"
     )
     parser.add_argument(
@@ -1323,22 +1392,23 @@ def build_parser() -> argparse.ArgumentParser:
 def throughput_summary(paths: Sequence[str]) -> list[str]:
     """Medians (min-max) of repeated throughput runs (their --out files),
     per backend, replica count and number of experiments."""
-    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    cells: dict[tuple[str, int, int, str], list[dict[str, Any]]] = {}
     for path in paths:
         for t in json.loads(Path(path).read_text())["throughput"]:
             for lv in t["levels"]:
-                cells.setdefault((t["backend"], lv.get("replicas", 1), lv["experiments"]), []).append(lv)
+                key = (t["backend"], lv.get("replicas", 1), lv["experiments"], lv.get("step_kind", "separate"))
+                cells.setdefault(key, []).append(lv)
 
     lines = [
         f"Median (min-max) over {len(paths)} runs:",
         "",
-        "| backend | replicas | experiments | steps/s | select p99 ms | report p99 ms | server CPU (cores) |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | replicas | experiments | step | steps/s | step p50 ms | step p99 ms | server CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (backend, replicas, experiments), lvs in cells.items():
+    for (backend, replicas, experiments, kind), lvs in cells.items():
         lines.append(
-            f"| {backend} | {replicas} | {experiments} | {span([lv['steps_per_s'] for lv in lvs])} "
-            f"| {span([lv['select']['p99'] for lv in lvs], 0)} | {span([lv['report']['p99'] for lv in lvs], 0)} "
+            f"| {backend} | {replicas} | {experiments} | {kind} | {span([lv['steps_per_s'] for lv in lvs])} "
+            f"| {span([lv['cycle']['p50'] for lv in lvs], 0)} | {span([lv['cycle']['p99'] for lv in lvs], 0)} "
             f"| {span([lv['server_cpu_share'] for lv in lvs], 2)} |"
         )
     return lines
@@ -1364,6 +1434,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, throughput_levels=tuple(int(x) for x in args.throughput_levels.split(",")))
     if args.throughput_replicas:
         cfg = dataclasses.replace(cfg, throughput_replicas=tuple(int(x) for x in args.throughput_replicas.split(",")))
+    if args.throughput_steps:
+        cfg = dataclasses.replace(cfg, throughput_steps=tuple(args.throughput_steps.split(",")))
     skip = set(filter(None, args.skip.split(",")))
     unknown = skip - {"interleaved", "socket", "engine", "throughput", "breakdown", "history", "contention", "rebuild"}
     if unknown:

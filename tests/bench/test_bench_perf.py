@@ -50,8 +50,10 @@ def test_throughput_breakdown_history_and_tables() -> None:
     }
     with common.database("sqlite") as url:
         t = perf.throughput_run("sqlite", url, TINY)
-    assert [lv["experiments"] for lv in t["levels"]] == [1, 2]
-    assert all(lv["steps"] > 0 and not lv["errors"] for lv in t["levels"])
+    assert [(lv["experiments"], lv["step_kind"]) for lv in t["levels"]] == [
+        (1, "separate"), (1, "combined"), (2, "separate"), (2, "combined")
+    ]
+    assert all(lv["steps"] > 0 and lv["cycle"]["n"] == lv["steps"] and not lv["errors"] for lv in t["levels"])
     with common.database("sqlite") as url:
         b = perf.breakdown_run("sqlite", url, TINY)
     assert b["report"]["rows_per_call"]["INSERT outcomes (executemany)"] == 16
@@ -69,8 +71,10 @@ def test_throughput_breakdown_history_and_tables() -> None:
 def test_interleaved_run_alternates_the_reference_step_with_the_socket_calls() -> None:
     with common.database("sqlite") as url:
         r = perf.interleaved_run("sqlite", url, 2000, TINY)
-    assert r["round_trip"]["n"] == r["reference_step"]["n"] == 6
+    assert r["round_trip"]["n"] == r["combined_round_trip"]["n"] == r["reference_step"]["n"] == 6
     assert r["ratio_p50"] == r["round_trip"]["p50"] / r["reference_step"]["p50"]
-    assert r["server_cpu_ms_per_step"] > 0
+    assert r["combined_ratio_p50"] == r["combined_round_trip"]["p50"] / r["reference_step"]["p50"]
+    assert r["server_cpu_ms_per_step"] >= 0 and r["combined_server_cpu_ms_per_step"] >= 0
+    assert r["server_cpu_ms_per_step"] + r["combined_server_cpu_ms_per_step"] > 0
     table = "\n".join(perf._interleaved_table([r, r]))
-    assert "| sqlite | 2,000 | 2 x 6 |" in table
+    assert "| sqlite | 2,000 | separate | 2 x 6 |" in table and "| sqlite | 2,000 | combined | 2 x 6 |" in table
