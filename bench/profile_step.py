@@ -79,9 +79,11 @@ def group(raw: str) -> dict[str, Any]:
     }
 
 
-async def _concurrent_cycles(address: str, names: list[str], batch: int, sampler: subprocess.Popen[bytes]) -> int:
-    """Select + report loops on every experiment at once until the sampler
-    ends; the steps done."""
+async def _concurrent_cycles(
+    address: str, names: list[str], batch: int, sampler: subprocess.Popen[bytes], combined: bool
+) -> int:
+    """Select + report loops (`combined`: ReportAndSelect loops) on every
+    experiment at once until the sampler ends; the steps done."""
     import bots_client
 
     steps = 0
@@ -90,9 +92,14 @@ async def _concurrent_cycles(address: str, names: list[str], batch: int, sampler
         async def loop(name: str, seed: int) -> None:
             nonlocal steps
             rng = np.random.default_rng(seed)
+            chosen = await client.select_batch(name, batch)
             while sampler.poll() is None:
-                chosen = await client.select_batch(name, batch)
-                await client.report_outcomes(name, chosen.batch_id, random_outcomes(chosen.keys, rng))
+                outcomes = random_outcomes(chosen.keys, rng)
+                if combined:
+                    _, chosen = await client.report_and_select(name, chosen.batch_id, outcomes, batch)
+                else:
+                    await client.report_outcomes(name, chosen.batch_id, outcomes)
+                    chosen = await client.select_batch(name, batch)
                 steps += 1
 
         await asyncio.gather(*(loop(name, i) for i, name in enumerate(names)))
@@ -111,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gil", action="store_true", help="sample only the thread holding the GIL: where the Python CPU goes"
     )
+    parser.add_argument(
+        "--combined", action="store_true", help="step by ReportAndSelect instead of SelectBatch + ReportOutcomes"
+    )
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     import bots_client
@@ -120,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         f"profile-{args.backend}-{args.pool}"
         + (f"-{args.experiments}x" if args.experiments > 1 else "")
         + ("-gil" if args.gil else "")
+        + ("-combined" if args.combined else "")
     )
     raw_path = stem.with_suffix(".txt")
     with common.database(args.backend) as url:
@@ -139,12 +150,18 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--gil"] if args.gil else []
                 sampler = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 steps, started = 0, time.perf_counter()
-                if args.experiments == 1:
+                if args.experiments > 1:
+                    steps = asyncio.run(_concurrent_cycles(server.address, names, args.batch, sampler, args.combined))
+                elif args.combined:
+                    batch = client.select_batch(names[0], args.batch, "first")
+                    while sampler.poll() is None:
+                        outcomes = random_outcomes(batch.keys, rng)
+                        _, batch = client.report_and_select(names[0], batch.batch_id, outcomes, args.batch, f"step-{steps}")
+                        steps += 1
+                else:
                     while sampler.poll() is None:
                         _cycle(client, names[0], f"step-{steps}", rng, args.batch)
                         steps += 1
-                else:
-                    steps = asyncio.run(_concurrent_cycles(server.address, names, args.batch, sampler))
                 elapsed = time.perf_counter() - started
         finally:
             server.stop()

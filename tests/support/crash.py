@@ -54,6 +54,24 @@ def train(client: bots_client.Client, name: str, steps: int, batch_size: int, ru
     run.done.set()
 
 
+def train_combined(client: bots_client.Client, name: str, steps: int, batch_size: int, run: Run) -> None:
+    """As train, each step's report and the next select in one ReportAndSelect."""
+    run.phase = "select"
+    batch = client.select_batch(name, batch_size, request_key="step-0")
+    for step in range(steps):
+        outcomes = {k: outcome(k, step) for k in batch.keys}
+        picked = batch.keys
+        if step + 1 < steps:
+            run.phase = "report_and_select"
+            _, batch = client.report_and_select(name, batch.batch_id, outcomes, batch_size, request_key=f"step-{step + 1}")
+        else:
+            run.phase = "report"
+            client.report_outcomes(name, batch.batch_id, outcomes)
+        run.phase = "idle"
+        run.picks.append(picked)
+    run.done.set()
+
+
 def final_state(client: bots_client.Client, name: str) -> tuple[object, ...]:
     snap = client.snapshot(name)
     return snap.step, snap.experiment.capability, tuple(snap.keys), snap.alpha.tobytes(), snap.beta.tobytes()
@@ -72,9 +90,11 @@ class CrashReport:
 
 def crash_run(
     db_url: str, reference_db_url: str, *, kills: int, steps: int, pool: int = 3000, batch_size: int = 32,
-    max_delay: float = 0.4, seed: int = 0, deadline: float = float("inf"),
+    max_delay: float = 0.4, seed: int = 0, deadline: float = float("inf"), combined: bool = False,
 ) -> CrashReport:  # fmt: skip
-    """Run the same training twice, once under `kills` random SIGKILLs; compare."""
+    """Run the same training twice, once under `kills` random SIGKILLs; compare.
+    `combined`: the killed run steps by ReportAndSelect, the reference by
+    the separate calls."""
     reference = ServerProcess(reference_db_url, extra_args=SERVER_ARGS).start()
     try:
         with bots_client.Client(reference.address) as client:
@@ -93,7 +113,8 @@ def crash_run(
     client = bots_client.Client(server.address, retry_timeout=120)
     try:
         setup(client, "crash", pool)
-        trainer = threading.Thread(target=train, args=(client, "crash", steps, batch_size, run), daemon=True)
+        loop = train_combined if combined else train
+        trainer = threading.Thread(target=loop, args=(client, "crash", steps, batch_size, run), daemon=True)
         trainer.start()
         done_kills = 0
         while done_kills < kills and not run.done.is_set() and time.monotonic() < deadline:
