@@ -98,6 +98,50 @@ def test_replicas_with_stale_copies_choose_what_a_single_server_chooses(database
             process.stop()
 
 
+def test_replicas_stepping_by_report_and_select_choose_what_a_single_server_chooses(
+    databases: tuple[str, str],
+) -> None:
+    """ReportAndSelect on replicas with stale copies (a step, a pool and an
+    open batch behind) against the separate calls on one server: the same
+    batches and, at the end, the same posterior bit for bit."""
+    shared_db, single_db = databases
+    a, b = (ServerProcess(shared_db).start() for _ in range(2))
+    single = ServerProcess(single_db).start()
+    try:
+        ca, cb, reference = (bots_client.Client(p.address) for p in (a, b, single))
+        setup(ca, "run", pool=60)
+        setup(reference, "run", pool=60)
+        extra = [bots_client.Task(f"late-{i}", {"weak": 0.5, "strong": 0.5}) for i in range(30)]
+
+        def step(
+            client: bots_client.Client, pair: tuple[bots_client.Batch, bots_client.Batch], n: int, key: str
+        ) -> tuple[bots_client.Batch, bots_client.Batch]:
+            outcomes = [{k: outcome(k, n) for k in batch.keys} for batch in pair]
+            _, batch = client.report_and_select("run", pair[0].batch_id, outcomes[0], 20, request_key=key)
+            reference.report_outcomes("run", pair[1].batch_id, outcomes[1])
+            expected = reference.select_batch("run", 20, request_key=key)
+            assert batch.keys == expected.keys, key
+            return batch, expected
+
+        first = ca.select_batch("run", 20, request_key="r1"), reference.select_batch("run", 20, request_key="r1")
+        second = cb.select_batch("run", 20, request_key="r2"), reference.select_batch("run", 20, request_key="r2")
+        third = step(ca, first, 1, "r3")  # a does not know r2, which b holds open
+        assert not set(third[0].keys) & set(second[0].keys)
+        fourth = step(cb, second, 2, "r4")  # b's copy is a step behind
+        cb.add_tasks("run", extra)
+        reference.add_tasks("run", extra)
+        fifth = step(ca, third, 3, "r5")  # a's copy is a step and a pool behind
+        sixth = step(ca, fourth, 4, "r6")
+        step(cb, fifth, 5, "r7")
+        step(ca, sixth, 6, "r8")
+        final = snapshot_bits(reference, "run")
+        assert snapshot_bits(ca, "run") == final
+        assert snapshot_bits(cb, "run") == final
+    finally:
+        for process in (a, b, single):
+            process.stop()
+
+
 def test_an_experiment_deleted_and_created_again_on_another_replica_is_the_new_one(
     databases: tuple[str, str],
 ) -> None:

@@ -483,7 +483,7 @@ def test_report_and_insert_batch_write_both_or_nothing(store: SqlStore) -> None:
     assert taken.value.existing.batch_id == "held"
     with pytest.raises(LeaseConflict):  # b2 is open, the caller did not know it
         attempt(batch("b3", "r3", 1, [3]), ["held"])
-    with pytest.raises(StaleStep):  # chosen at the step before the report
+    with pytest.raises(ValueError, match="chosen at the report's step 1"):  # the caller's mistake
         attempt(batch("b3", "r3", 0, [3]), ["b2", "held"])
     with pytest.raises(StaleStep):  # the report's compare-and-set
         attempt(batch("b3", "r3", 1, [3]), ["b2", "held"], expected_step=1)

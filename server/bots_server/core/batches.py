@@ -376,12 +376,14 @@ def _match(
 ) -> tuple[list[int], list[float], list[int]]:
     """Task indices, successes and trials sorted by task index (the order
     the event log stores, so a replay sums in the same order)."""
-    in_batch = set(batch.task_idx)
+    # The batch's own keys, not a lookup in the whole pool: a few times cheaper.
+    in_batch = dict(zip(live.keys.take(batch.task_idx), batch.task_idx, strict=True))
     rows = []
-    for o, idx in zip(outcomes, live.keys.lookup([o.key for o in outcomes]).tolist(), strict=True):
-        if idx < 0:
-            raise InvalidArgument(f"task {o.key!r} is not in experiment {live.name!r}")
-        if idx not in in_batch:
+    for o in outcomes:
+        idx = in_batch.get(o.key)
+        if idx is None:
+            if o.key not in live.keys:
+                raise InvalidArgument(f"task {o.key!r} is not in experiment {live.name!r}")
             raise InvalidArgument(f"task {o.key!r} is not in batch {batch.batch_id!r}")
         rows.append((idx, float(o.successes), int(o.trials)))
     rows.sort()

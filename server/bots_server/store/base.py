@@ -323,7 +323,8 @@ class Store(abc.ABC):
         num_tasks: int,
     ) -> None:
         """commit_report, then insert_batch of a batch chosen at `event.step`
-        (`batch.step`), in one transaction: both are written or neither.
+        (`batch.step`; another step is a ValueError), in one transaction:
+        both are written or neither.
 
         Raises what either raises, and RequestKeyTaken (with the stored
         batch) where insert_batch would return the request key's batch: the

@@ -660,9 +660,12 @@ class SqlStore(Store):
         open_batches: Collection[str],
         num_tasks: int,
     ) -> None:
+        if batch.step != event.step:
+            raise ValueError(f"the batch must be chosen at the report's step {event.step}, not {batch.step}")
         with self._write() as conn:
             self._commit_report_in(conn, experiment_id, expected_step, event, now, num_tasks)
-            existing = self._insert_batch_in(conn, experiment_id, batch, now, pool_seq, open_batches, num_tasks)
+            # The report's compare-and-set holds the row lock and checked the step and the pool size.
+            existing = self._insert_batch_in(conn, experiment_id, batch, now, pool_seq, open_batches, None, locked=True)
             if existing is not None:
                 raise RequestKeyTaken(existing)  # rolls the report back too
 
@@ -675,13 +678,15 @@ class SqlStore(Store):
         pool_seq: int | None,
         open_batches: Collection[str] | None,
         num_tasks: int | None,
+        locked: bool = False,
     ) -> BatchRow | None:
         """insert_batch's checks and writes in `conn`'s transaction: None
-        once stored, or the request key's batch (nothing written)."""
+        once stored, or the request key's batch (nothing written).
+        `locked`: the transaction holds the row lock and checked the step."""
         # The lock first, then the checks in a statement of their own: on
         # PostgreSQL a statement that waited for the lock reads with the
         # snapshot it started with, blind to what the holder committed.
-        locked = conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
+        step = None if locked else conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
         known = sorted(set(open_batches or ()))
         checks = conn.execute(
             _SELECT_CHECKS,
@@ -691,9 +696,9 @@ class SqlStore(Store):
             existing = self._find_batch(conn, experiment_id, t.batches.c.batch_id == checks.existing)
             assert existing is not None
             return existing
-        if locked is None or locked.step != batch.step:
+        if not locked and (step is None or step.step != batch.step):
             raise StaleStep()
-        if num_tasks is not None and locked.num_tasks != num_tasks:
+        if step is not None and num_tasks is not None and step.num_tasks != num_tasks:
             raise StaleStep()
         if pool_seq is not None and max(checks.retired_seq, checks.shares_seq) != pool_seq:
             raise StaleStep()
