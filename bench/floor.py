@@ -7,6 +7,7 @@ transaction through SQLAlchemy on a worker thread, as the service's calls do.
     .venv/bin/python -m bench.floor --with-bots          # and the real server (64 x 10k tasks), interleaved
     .venv/bin/python -m bench.floor --with-bots --callers 1 --output bench/results/floor-1   # one caller: latency
     .venv/bin/python -m bench.floor --backend sqlite ...  # the same on SQLite (no arrays, no COPY)
+    .venv/bin/python -m bench.floor --with-bots --one-call   # and each with a cycle as one call (ReportAndSelect)
 
 The driver is bench/perf.py's throughput loop: 64 concurrent callers in one
 asyncio process, each a select then a report, batch 64. The modes, one
@@ -26,6 +27,11 @@ server process each, started afresh per repeat and interleaved:
 - `grpc+sql-copy`: the same rows through COPY, as the service's PostgreSQL
   store writes them.
 - `bots` (--with-bots): `bots-server serve` itself, 64 experiments x 10k tasks.
+
+With --one-call, the modes that can run again right after themselves with
+a cycle as one call carrying both, written in one transaction (report
+rows, then select rows): the floor of a ReportAndSelect step; `bots (one
+call)` is the server stepped by ReportAndSelect.
 
 Prints and writes cycles/s, cycle latency p50/p99 and server CPU ms per
 cycle per mode, median (min-max) over the repeats (bench/results/floor.json|md).
@@ -57,6 +63,11 @@ BATCH = 64
 ANSWER = b"x" * 1200
 EXPERIMENTS = 64
 MODES = ["grpc", "grpc+interceptors", "grpc+sql", "grpc+sql-arrays", "grpc+sql-copy"]
+# What a call carries (its second byte): a select, a report, or both in one transaction.
+_PARTS = {0: ("report",), 1: ("select",), 2: ("report", "select")}
+# With --one-call, these modes run again with a cycle as one call ("bots": ReportAndSelect).
+ONE_CALL = "(one call)"
+ONE_CALL_MODES = {"grpc", "grpc+interceptors", "grpc+sql-copy", "bots"}
 # On SQLite the rows go through the driver's executemany, as the store's do.
 SQLITE_MODES = ["grpc", "grpc+interceptors", "grpc+sql"]
 
@@ -94,9 +105,6 @@ def _transaction(engine: Any, exp_id: int, select: bool, rows: str) -> None:
     if rows == "arrays":
         _transaction_with_arrays(engine, exp_id, select)
         return
-    if rows == "copy":
-        _transaction_with_copy(engine, exp_id, select)
-        return
     with engine.begin() as conn:
         step = _locked_step(conn, exp_id)
         if select:
@@ -116,25 +124,26 @@ def _transaction(engine: Any, exp_id: int, select: bool, rows: str) -> None:
 _SQLITE_WRITER = threading.Lock()
 
 
-def _sqlite_transaction(engine: Any, exp_id: int, select: bool) -> None:
+def _sqlite_transaction(engine: Any, exp_id: int, parts: tuple[str, ...]) -> None:
     """The same rows on SQLite as the store writes them: one writer at a
     time in the process, BEGIN IMMEDIATE, WAL with synchronous=FULL (set at
-    connect), the driver's executemany."""
+    connect), the driver's executemany. `parts`: "report", "select" or both,
+    in that order, in the one transaction."""
     with _SQLITE_WRITER, engine.connect() as conn:
         raw = conn.connection.driver_connection
         raw.execute("BEGIN IMMEDIATE")
         try:
             (step,) = raw.execute("SELECT step FROM exp WHERE id = ?", (exp_id,)).fetchone()
-            if select:
-                (batch_id,) = raw.execute(
-                    "INSERT INTO batch (exp_id, step) VALUES (?, ?) RETURNING id", (exp_id, step)
-                ).fetchone()
-                raw.executemany("INSERT INTO batch_task VALUES (?, ?)", [(batch_id, t) for t in range(BATCH)])
-            else:
+            if "report" in parts:
                 raw.executemany(
                     "INSERT INTO outcome VALUES (?, ?, ?, 1.0, 1)", [(exp_id, step, t) for t in range(BATCH)]
                 )
                 raw.execute("UPDATE exp SET step = step + 1 WHERE id = ?", (exp_id,))
+            if "select" in parts:
+                (batch_id,) = raw.execute(
+                    "INSERT INTO batch (exp_id, step) VALUES (?, ?) RETURNING id", (exp_id, step)
+                ).fetchone()
+                raw.executemany("INSERT INTO batch_task VALUES (?, ?)", [(batch_id, t) for t in range(BATCH)])
             raw.execute("COMMIT")
         except BaseException:
             raw.execute("ROLLBACK")
@@ -187,23 +196,26 @@ def _transaction_with_arrays(engine: Any, exp_id: int, select: bool) -> None:
             )
 
 
-def _transaction_with_copy(engine: Any, exp_id: int, select: bool) -> None:
-    """The same rows through COPY, as the service's PostgreSQL store writes them."""
+def _transaction_with_copy(engine: Any, exp_id: int, parts: tuple[str, ...]) -> None:
+    """The same rows through COPY, as the service's PostgreSQL store writes
+    them. `parts`: "report", "select" or both, in that order, in the one
+    transaction."""
     import sqlalchemy as sa
 
     with engine.begin() as conn:
         step = _locked_step(conn, exp_id)
-        if select:
-            batch_id = _insert_batch_row(conn, exp_id, step)
-            rows = [(batch_id, t) for t in range(BATCH)]
-            sql = "COPY batch_task (batch_id, task_idx) FROM STDIN"
-        else:
+        copies = []
+        if "report" in parts:
             conn.execute(sa.text("UPDATE exp SET step = step + 1 WHERE id = :id"), {"id": exp_id})
             rows = [(exp_id, step, t, 1.0, 1) for t in range(BATCH)]
-            sql = "COPY outcome (exp_id, step, task_idx, successes, trials) FROM STDIN"
-        with conn.connection.driver_connection.cursor() as cursor, cursor.copy(sql) as copy:
-            for row in rows:
-                copy.write_row(row)
+            copies.append(("COPY outcome (exp_id, step, task_idx, successes, trials) FROM STDIN", rows))
+        if "select" in parts:
+            batch_id = _insert_batch_row(conn, exp_id, step)
+            copies.append(("COPY batch_task (batch_id, task_idx) FROM STDIN", [(batch_id, t) for t in range(BATCH)]))
+        for sql, rows in copies:
+            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(sql) as copy:
+                for row in rows:
+                    copy.write_row(row)
 
 
 async def _serve(mode: str, db: str) -> None:
@@ -225,13 +237,17 @@ async def _serve(mode: str, db: str) -> None:
 
     async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if engine is not None:
-            exp_id, select = request[0] % EXPERIMENTS, request[1] == 1
+            exp_id, parts = request[0] % EXPERIMENTS, _PARTS[request[1]]
             loop = asyncio.get_running_loop()
+            rows = mode.removeprefix("grpc+sql").removeprefix("-")  # "", "arrays" or "copy"
             if sqlite:
-                await loop.run_in_executor(pool, _sqlite_transaction, engine, exp_id, select)
+                await loop.run_in_executor(pool, _sqlite_transaction, engine, exp_id, parts)
+            elif rows == "copy":
+                await loop.run_in_executor(pool, _transaction_with_copy, engine, exp_id, parts)
             else:
-                rows = mode.removeprefix("grpc+sql").removeprefix("-")  # "", "arrays" or "copy"
-                await loop.run_in_executor(pool, _transaction, engine, exp_id, select, rows)
+                if len(parts) > 1:
+                    raise ValueError(f"mode {mode} makes one call per part")
+                await loop.run_in_executor(pool, _transaction, engine, exp_id, parts == ("select",), rows)
         return ANSWER
 
     handler = grpc.method_handlers_generic_handler(SERVICE, {"Call": grpc.unary_unary_rpc_method_handler(call)})
@@ -269,9 +285,10 @@ class FloorServer:
         self.proc.wait(30)
 
 
-async def _drive(port: int, pid: int, seconds: float, callers: int) -> dict[str, Any]:
+async def _drive(port: int, pid: int, seconds: float, callers: int, one_call: bool) -> dict[str, Any]:
     """bench/perf.py's loop with raw calls: per caller, a 'select' then a
-    'report', each one unary call."""
+    'report', each one unary call; `one_call`: one call carrying both (as
+    ReportAndSelect), which the server writes in one transaction."""
     import grpc
 
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -282,10 +299,14 @@ async def _drive(port: int, pid: int, seconds: float, callers: int) -> dict[str,
     async def caller(i: int) -> None:
         report = bytes([i, 0]) + b"r" * 1500
         select = bytes([i, 1]) + b"s" * 40
+        both = bytes([i, 2]) + b"r" * 1500 + b"s" * 40
         while not stop:
             started = time.perf_counter()
-            await call(select)
-            await call(report)
+            if one_call:
+                await call(both)
+            else:
+                await call(select)
+                await call(report)
             if measuring:
                 cycles.append(time.perf_counter() - started)
 
@@ -314,7 +335,7 @@ def _result(count: int, elapsed: float, cycles: list[float], server_cpu: float, 
     }
 
 
-def _run_bots(url: str, seconds: float, callers: int) -> dict[str, Any]:
+def _run_bots(url: str, seconds: float, callers: int, one_call: bool) -> dict[str, Any]:
     import bots_client
     from bench.perf import experiment_config, make_tasks
 
@@ -329,16 +350,15 @@ def _run_bots(url: str, seconds: float, callers: int) -> dict[str, Any]:
                     client.add_tasks(name, tasks)
         cfg = PerfConfig(throughput_seconds=seconds, throughput_batch=BATCH)
         assert server.proc is not None
-        level = asyncio.run(_throughput_level([server.address], names[:callers], cfg, [server.proc.pid]))
+        kind = "combined" if one_call else "separate"
+        level = asyncio.run(_throughput_level([server.address], names[:callers], cfg, [server.proc.pid], kind))
     finally:
         server.stop()
-    # A cycle is one select and one report; the loop times them apart.
-    cycle_ms = [level["select"]["p50"] + level["report"]["p50"], level["select"]["p99"] + level["report"]["p99"]]
     steps, elapsed = level["steps"], level["steps"] / level["steps_per_s"]
     return {
         "cycles_per_s": level["steps_per_s"],
-        "cycle_p50_ms": cycle_ms[0],
-        "cycle_p99_ms": cycle_ms[1],
+        "cycle_p50_ms": level["cycle"]["p50"],
+        "cycle_p99_ms": level["cycle"]["p99"],
         "server_cpu_ms_per_cycle": 1e3 * level["server_cpu_share"] * elapsed / max(steps, 1),
         "server_cpu_share": level["server_cpu_share"],
         "client_cpu_share": level["client_cpu_share"],
@@ -357,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         "--callers", type=int, default=EXPERIMENTS, help=f"concurrent callers (experiments), at most {EXPERIMENTS}"
     )
     parser.add_argument("--with-bots", action="store_true", help="also the real server, 64 experiments x 10k tasks")
+    parser.add_argument(
+        "--one-call",
+        action="store_true",
+        help="also each mode with a cycle as one call and one transaction (bots: ReportAndSelect)",
+    )
     parser.add_argument("--output", default=str(common.RESULTS / "floor"))
     args = parser.parse_args(argv)
     if not 1 <= args.callers <= EXPERIMENTS:
@@ -368,16 +393,24 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine_info()
     log(common.machine_line(info))
     modes = [*(SQLITE_MODES if args.backend == "sqlite" else MODES), *(["bots"] if args.with_bots else [])]
+    if args.one_call:  # each mode that can, again with a cycle as one call, right after it
+        # (SQLite's grpc+sql writes as the store does, so it can take both in one transaction.)
+        capable = ONE_CALL_MODES | ({"grpc+sql"} if args.backend == "sqlite" else set())
+        modes = [m for mode in modes for m in (mode, f"{mode} {ONE_CALL}" if mode in capable else None) if m]
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     with common.database(args.backend) as url, common.database(args.backend) as bots_url:
         for repeat in range(args.repeats):
             for mode in modes:
-                if mode == "bots":
-                    result = _run_bots(bots_url, args.seconds, args.callers)
+                one_call = mode.endswith(ONE_CALL)
+                serve = mode.removesuffix(f" {ONE_CALL}")
+                if serve == "bots":
+                    result = _run_bots(bots_url, args.seconds, args.callers, one_call)
                 else:
-                    server = FloorServer.start(mode, url)
+                    server = FloorServer.start(serve, url)
                     try:
-                        result = asyncio.run(_drive(server.port, server.proc.pid, args.seconds, args.callers))
+                        result = asyncio.run(
+                            _drive(server.port, server.proc.pid, args.seconds, args.callers, one_call)
+                        )
                     finally:
                         server.stop()
                 runs[mode].append(result)

@@ -11,18 +11,32 @@ import pytest
 from bench import floor
 from tests.support.servers import require_postgres
 
+ONE_CALL = {
+    "sqlite": ["grpc", "grpc (one call)", "grpc+interceptors", "grpc+interceptors (one call)", "grpc+sql", "grpc+sql (one call)"],
+    "postgresql": [
+        "grpc", "grpc (one call)", "grpc+interceptors", "grpc+interceptors (one call)", "grpc+sql", "grpc+sql-arrays",
+        "grpc+sql-copy", "grpc+sql-copy (one call)",
+    ],
+}  # fmt: skip
 
+
+@pytest.mark.parametrize("one_call", [False, True], ids=["two-calls", "one-call"])
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_every_mode_is_measured(tmp_path: Path, backend: str) -> None:
+def test_every_mode_is_measured(tmp_path: Path, backend: str, one_call: bool) -> None:
     if backend == "postgresql":
         require_postgres()
     output = tmp_path / "floor"
-    argv = ["--backend", backend, "--repeats", "2", "--seconds", "1", "--callers", "4", "--output", str(output)]
-    assert floor.main(argv) == 0
+    # Two repeats of the plain modes (the second starts from clean tables), one of the rest.
+    repeats = 1 if one_call else 2
+    argv = ["--backend", backend, "--repeats", str(repeats), "--seconds", "1", "--callers", "4", "--output", str(output)]
+    assert floor.main(argv + ["--one-call"] * one_call) == 0
     runs = json.loads(output.with_suffix(".json").read_text())["runs"]
-    assert list(runs) == (floor.SQLITE_MODES if backend == "sqlite" else floor.MODES)
+    if one_call:
+        assert list(runs) == ONE_CALL[backend]
+    else:
+        assert list(runs) == (floor.SQLITE_MODES if backend == "sqlite" else floor.MODES)
     for mode, results in runs.items():
-        assert len(results) == 2  # a second repeat starts from clean tables
+        assert len(results) == repeats
         assert all(r["cycles_per_s"] > 10 and r["server_cpu_ms_per_cycle"] > 0 for r in results), mode
     table = output.with_suffix(".md").read_text()
     assert all(f"| {mode} |" in table for mode in runs)
