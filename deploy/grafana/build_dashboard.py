@@ -156,7 +156,7 @@ def panels() -> list[dict[str, Any]]:
             ],
             unit="s",
             width=12,
-            description="Server-side handling time (SLO: 99% of SelectBatch and ReportOutcomes within 0.5 s; "
+            description="Server-side handling time (SLO: 99% of SelectBatch, ReportOutcomes and ReportAndSelect within 0.5 s; "
             "alert BotsLatencyBudgetBurn).",
         )
     p.panel(
