@@ -580,7 +580,8 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                         f"    {backend}: {replicas} replica(s), {level:>3} concurrent experiments, {kind}: "
                         f"{level_result['steps_per_s']:.1f} steps/s, step p50 {level_result['cycle']['p50']:.1f} ms "
                         f"(p99 {level_result['cycle']['p99']:.1f}), server CPU {level_result['server_cpu_share']:.2f} "
-                        f"cores, client CPU {level_result['client_cpu_share']:.2f}"
+                        f"cores (event loop threads {level_result['loop_thread_cpu_share']:.2f}), "
+                        f"client CPU {level_result['client_cpu_share']:.2f}"
                     )
         finally:
             for server in servers:
@@ -644,12 +645,14 @@ async def _throughput_level(
     workers = [asyncio.create_task(worker(name, i)) for i, name in enumerate(names)]
     await asyncio.sleep(min(2.0, cfg.throughput_seconds / 3))  # warm-up
     cpu0, self0 = sum(map(_cpu_seconds, pids)), _self_cpu_seconds()
+    loop0 = sum(map(_loop_thread_cpu_seconds, pids))
     measuring = True
     started = time.perf_counter()
     await asyncio.sleep(cfg.throughput_seconds)
     measuring = False
     elapsed = time.perf_counter() - started
     cpu1, self1 = sum(map(_cpu_seconds, pids)), _self_cpu_seconds()
+    loop1 = sum(map(_loop_thread_cpu_seconds, pids))
     stop = True
     await asyncio.gather(*workers, return_exceptions=True)
     for client in clients:
@@ -664,12 +667,24 @@ async def _throughput_level(
         "report": common.percentiles(rep) if rep else None,
         "errors": dict(errors),
         "server_cpu_share": (cpu1 - cpu0) / elapsed,
+        # Summed over the replicas: divide by their number for one loop's share of a core.
+        "loop_thread_cpu_share": (loop1 - loop0) / elapsed,
         "client_cpu_share": (self1 - self0) / elapsed,
     }
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def _loop_thread_cpu_seconds(pid: int) -> float:
+    """CPU of the server's main thread, which runs its event loop: every
+    call's gRPC handling, conversion and bookkeeping, the serial part."""
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _stat_cpu_seconds(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     import os
 
     ticks = os.sysconf("SC_CLK_TCK")
@@ -1274,15 +1289,16 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
             f"{result['throughput'][0].get('batch', BATCH)}, one loop per experiment stepping it by SelectBatch + "
             "ReportOutcomes (separate) or ReportAndSelect (combined); server CPU summed over the replicas:",
             "",
-            "| backend | replicas | experiments | step | steps/s | step p50 / p99 ms | server CPU (cores) | bench client CPU | errors |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| backend | replicas | experiments | step | steps/s | step p50 / p99 ms | server CPU (cores) | of it event loop threads | bench client CPU | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for t in result["throughput"]:
             for lv in t["levels"]:
                 lines.append(
                     f"| {t['backend']} | {lv.get('replicas', 1)} | {lv['experiments']} | {lv.get('step_kind', 'separate')} "
                     f"| {lv['steps_per_s']:.1f} | {_ms(lv['cycle'])} | "
-                    f"{lv['server_cpu_share']:.2f} | {lv['client_cpu_share']:.2f} | {sum(lv['errors'].values())} |"
+                    f"{lv['server_cpu_share']:.2f} | {lv.get('loop_thread_cpu_share', float('nan')):.2f} "
+                    f"| {lv['client_cpu_share']:.2f} | {sum(lv['errors'].values())} |"
                 )
     if result.get("breakdown"):
         lines += ["", "In-process breakdown (no gRPC), median ms per call:", ""]
@@ -1402,14 +1418,15 @@ def throughput_summary(paths: Sequence[str]) -> list[str]:
     lines = [
         f"Median (min-max) over {len(paths)} runs:",
         "",
-        "| backend | replicas | experiments | step | steps/s | step p50 ms | step p99 ms | server CPU (cores) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | replicas | experiments | step | steps/s | step p50 ms | step p99 ms | server CPU (cores) | of it event loop threads |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (backend, replicas, experiments, kind), lvs in cells.items():
         lines.append(
             f"| {backend} | {replicas} | {experiments} | {kind} | {span([lv['steps_per_s'] for lv in lvs])} "
             f"| {span([lv['cycle']['p50'] for lv in lvs], 0)} | {span([lv['cycle']['p99'] for lv in lvs], 0)} "
-            f"| {span([lv['server_cpu_share'] for lv in lvs], 2)} |"
+            f"| {span([lv['server_cpu_share'] for lv in lvs], 2)} "
+            f"| {span([lv.get('loop_thread_cpu_share', float('nan')) for lv in lvs], 2)} |"
         )
     return lines
 

@@ -54,6 +54,8 @@ def test_throughput_breakdown_history_and_tables() -> None:
         (1, "separate"), (1, "combined"), (2, "separate"), (2, "combined")
     ]
     assert all(lv["steps"] > 0 and lv["cycle"]["n"] == lv["steps"] and not lv["errors"] for lv in t["levels"])
+    # The event loop thread is one of the server's threads: part of its CPU.
+    assert all(0 < lv["loop_thread_cpu_share"] <= lv["server_cpu_share"] + 0.02 for lv in t["levels"])
     with common.database("sqlite") as url:
         b = perf.breakdown_run("sqlite", url, TINY)
     assert b["report"]["rows_per_call"]["INSERT outcomes (executemany)"] == 16
