@@ -5,6 +5,10 @@ ReportAndSelect, against an uninterrupted run of the separate calls."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import pytest
+
 from tests.support.crash import crash_run
 from tests.support.servers import create_pg_database, drop_pg_database, require_postgres
 
@@ -15,52 +19,46 @@ KILLS = 10  # per backend: 20 kill points in the suite; `make soak` (scripts/soa
 STEPS, MAX_DELAY = 120, 0.15
 
 
-def test_sqlite_survives_random_kills(tmp_path) -> None:
+class Loop(NamedTuple):
+    """How the trainer steps: by ReportAndSelect or not, the phases its
+    kills land in, and the run's seed per backend."""
+
+    combined: bool
+    phases: tuple[str, ...]
+    seeds: dict[str, int]
+
+
+LOOPS = {
+    "separate": Loop(False, ("select", "report"), {"sqlite": 1, "postgresql": 2}),
+    "report_and_select": Loop(True, ("report_and_select",), {"sqlite": 3, "postgresql": 4}),
+}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_sqlite_survives_random_kills(tmp_path, loop: str) -> None:
     report = crash_run(
         f"sqlite:///{tmp_path / 'crash.db'}",
         f"sqlite:///{tmp_path / 'reference.db'}",
         kills=KILLS,
         steps=STEPS,
         max_delay=MAX_DELAY,
-        seed=1,
+        seed=LOOPS[loop].seeds["sqlite"],
+        combined=LOOPS[loop].combined,
     )
     assert report.kills == KILLS, report
     assert report.identical, report
-    assert report.phases.get("select", 0) + report.phases.get("report", 0) > 0, report
+    assert sum(report.phases.get(phase, 0) for phase in LOOPS[loop].phases) > 0, report
 
 
-def test_postgresql_survives_random_kills() -> None:
+@pytest.mark.parametrize("loop", LOOPS)
+def test_postgresql_survives_random_kills(loop: str) -> None:
     require_postgres()
     urls = create_pg_database("bots_crash"), create_pg_database("bots_crash")
     try:
-        report = crash_run(*urls, kills=KILLS, steps=STEPS, max_delay=MAX_DELAY, seed=2)
-    finally:
-        for url in urls:
-            drop_pg_database(url)
-    assert report.kills == KILLS, report
-    assert report.identical, report
-
-
-def test_sqlite_report_and_select_survives_random_kills(tmp_path) -> None:
-    report = crash_run(
-        f"sqlite:///{tmp_path / 'crash.db'}",
-        f"sqlite:///{tmp_path / 'reference.db'}",
-        kills=KILLS,
-        steps=STEPS,
-        max_delay=MAX_DELAY,
-        seed=3,
-        combined=True,
-    )
-    assert report.kills == KILLS, report
-    assert report.identical, report
-    assert report.phases.get("report_and_select", 0) > 0, report
-
-
-def test_postgresql_report_and_select_survives_random_kills() -> None:
-    require_postgres()
-    urls = create_pg_database("bots_crash"), create_pg_database("bots_crash")
-    try:
-        report = crash_run(*urls, kills=KILLS, steps=STEPS, max_delay=MAX_DELAY, seed=4, combined=True)
+        seed = LOOPS[loop].seeds["postgresql"]
+        report = crash_run(
+            *urls, kills=KILLS, steps=STEPS, max_delay=MAX_DELAY, seed=seed, combined=LOOPS[loop].combined
+        )
     finally:
         for url in urls:
             drop_pg_database(url)
