@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -22,6 +23,25 @@ def databases() -> Iterator[tuple[str, str]]:
     yield urls
     for url in urls:
         drop_pg_database(url)
+
+
+@contextmanager
+def two_replicas_and_a_single_server(
+    databases: tuple[str, str],
+) -> Iterator[tuple[bots_client.Client, bots_client.Client, bots_client.Client]]:
+    """Clients of two replicas on one database and of a single server on the
+    other, each database holding experiment "run" with the same 60 tasks."""
+    shared_db, single_db = databases
+    a, b = (ServerProcess(shared_db).start() for _ in range(2))
+    single = ServerProcess(single_db).start()
+    try:
+        ca, cb, reference = (bots_client.Client(p.address) for p in (a, b, single))
+        setup(ca, "run", pool=60)
+        setup(reference, "run", pool=60)
+        yield ca, cb, reference
+    finally:
+        for process in (a, b, single):
+            process.stop()
 
 
 def snapshot_bits(client: bots_client.Client, name: str) -> tuple[object, ...]:
@@ -58,13 +78,7 @@ def test_replicas_with_stale_copies_choose_what_a_single_server_chooses(database
     """Each replica selects and reports from its copy in memory without
     reading the database first; another replica's open batches, added tasks
     and reports must still make it choose exactly what one server would."""
-    shared_db, single_db = databases
-    a, b = (ServerProcess(shared_db).start() for _ in range(2))
-    single = ServerProcess(single_db).start()
-    try:
-        ca, cb, reference = (bots_client.Client(p.address) for p in (a, b, single))
-        setup(ca, "run", pool=60)
-        setup(reference, "run", pool=60)
+    with two_replicas_and_a_single_server(databases) as (ca, cb, reference):
         extra = [bots_client.Task(f"late-{i}", {"weak": 0.5, "strong": 0.5}) for i in range(30)]
 
         def both(client: bots_client.Client, step: str) -> tuple[bots_client.Batch, bots_client.Batch]:
@@ -93,9 +107,6 @@ def test_replicas_with_stale_copies_choose_what_a_single_server_chooses(database
         final = snapshot_bits(reference, "run")
         assert snapshot_bits(ca, "run") == final
         assert snapshot_bits(cb, "run") == final
-    finally:
-        for process in (a, b, single):
-            process.stop()
 
 
 def test_replicas_stepping_by_report_and_select_choose_what_a_single_server_chooses(
@@ -104,13 +115,7 @@ def test_replicas_stepping_by_report_and_select_choose_what_a_single_server_choo
     """ReportAndSelect on replicas with stale copies (a step, a pool and an
     open batch behind) against the separate calls on one server: the same
     batches and, at the end, the same posterior bit for bit."""
-    shared_db, single_db = databases
-    a, b = (ServerProcess(shared_db).start() for _ in range(2))
-    single = ServerProcess(single_db).start()
-    try:
-        ca, cb, reference = (bots_client.Client(p.address) for p in (a, b, single))
-        setup(ca, "run", pool=60)
-        setup(reference, "run", pool=60)
+    with two_replicas_and_a_single_server(databases) as (ca, cb, reference):
         extra = [bots_client.Task(f"late-{i}", {"weak": 0.5, "strong": 0.5}) for i in range(30)]
 
         def step(
@@ -137,9 +142,6 @@ def test_replicas_stepping_by_report_and_select_choose_what_a_single_server_choo
         final = snapshot_bits(reference, "run")
         assert snapshot_bits(ca, "run") == final
         assert snapshot_bits(cb, "run") == final
-    finally:
-        for process in (a, b, single):
-            process.stop()
 
 
 def test_an_experiment_deleted_and_created_again_on_another_replica_is_the_new_one(
