@@ -122,7 +122,7 @@ def _compact(args: argparse.Namespace) -> int:
                 after = page[-1].name
         for row in rows:
             horizon, removed = compact_events(store, row.id, row.step - args.retention_steps)
-            print(f"{row.name}: step {row.step}, events compacted through step {horizon}, {removed} rows removed")
+            print(f"{row.name}: step {row.step}, events compacted through step {horizon}, {removed} values removed")
     finally:
         store.close()
     return 0

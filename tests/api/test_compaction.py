@@ -27,10 +27,12 @@ KEEPING = ["--checkpoint-every-steps", "4", "--checkpoint-every-seconds", "3600"
 
 
 def outcome_rows(url: str) -> int:
+    """Outcomes stored: each step holds its own as one value of 24 bytes per task."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            return int(conn.execute(sa.text("SELECT count(*) FROM outcomes")).scalar_one())
+            stored = conn.execute(sa.text("SELECT coalesce(sum(length(outcomes)), 0) FROM steps")).scalar_one()
+            return int(stored) // 24
     finally:
         engine.dispose()
 
@@ -117,7 +119,7 @@ def test_the_compact_command_beside_a_stopped_server(tmp_path) -> None:
     compact = [sys.executable, "-m", "bots_server.cli", "compact", "--db", url, "--retention-steps", str(RETENTION)]
     done = subprocess.run(compact, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "run: step 20, events compacted through step 15, 180 rows removed" in done.stdout  # 15 x (6 + 6)
+    assert "run: step 20, events compacted through step 15, 30 values removed" in done.stdout  # 15 x (outcomes + tasks)
     assert outcome_rows(url) == RETENTION * 6
     server = ServerProcess(url, extra_args=KEEPING).start()
     try:

@@ -15,11 +15,15 @@ store = test_store.store  # the fixture: a fresh, migrated store
 
 
 def counts(store: SqlStore, experiment_id: int) -> dict[str, int]:
+    """Rows of `steps` and `batches`, and how many still hold their outcomes or tasks."""
+    queries = {
+        "steps": "SELECT count(*) FROM steps WHERE experiment_id = :e",
+        "with outcomes": "SELECT count(outcomes) FROM steps WHERE experiment_id = :e",
+        "batches": "SELECT count(*) FROM batches WHERE experiment_id = :e",
+        "with tasks": "SELECT count(tasks) FROM batches WHERE experiment_id = :e",
+    }
     with store.engine.connect() as conn:
-        return {
-            table: conn.execute(sa.text(f"SELECT count(*) FROM {table} WHERE experiment_id = :e"), {"e": experiment_id}).scalar_one()
-            for table in ("steps", "outcomes", "batches", "batch_tasks")
-        }
+        return {name: conn.execute(sa.text(q), {"e": experiment_id}).scalar_one() for name, q in queries.items()}
 
 
 def ten_steps(store: SqlStore) -> int:
@@ -36,14 +40,14 @@ def ten_steps(store: SqlStore) -> int:
 
 def test_compaction_goes_in_chunks_and_stops_at_the_checkpoint(store: SqlStore) -> None:
     exp = ten_steps(store)
-    assert counts(store, exp) == {"steps": 10, "outcomes": 20, "batches": 10, "batch_tasks": 20}
+    assert counts(store, exp) == {"steps": 10, "with outcomes": 10, "batches": 10, "with tasks": 10}
     first = store.compact(exp, through_step=100, max_steps=4)
-    assert first == (4, 8, 8)  # steps 1-4: 2 outcomes and 2 batch tasks each
+    assert first == (4, 4, 4)  # steps 1-4: their outcomes, and the tasks of their batches
     second = store.compact(exp, through_step=100, max_steps=4)
-    assert second == (6, 4, 4)  # held at the checkpoint (step 6)
+    assert second == (6, 2, 2)  # held at the checkpoint (step 6)
     assert store.compact(exp, through_step=100, max_steps=4) == (6, 0, 0)  # idempotent
     # Kept: every step and batch row, and the events after the checkpoint.
-    assert counts(store, exp) == {"steps": 10, "outcomes": 8, "batches": 10, "batch_tasks": 8}
+    assert counts(store, exp) == {"steps": 10, "with outcomes": 4, "batches": 10, "with tasks": 4}
     find = store.find_experiment("e")
     assert find is not None and find.compacted_through == 6
 
@@ -70,7 +74,7 @@ def test_compaction_never_touches_open_batches_or_other_experiments(store: SqlSt
     store.commit_report(other, 0, event(1, "x1", 4, [0, 1]), NOW)
     store.insert_batch(exp, batch("open", "open", 10, [0, 1]), NOW)  # selected, not reported
     store.compact(exp, through_step=6, max_steps=100)
-    assert counts(store, other) == {"steps": 1, "outcomes": 2, "batches": 1, "batch_tasks": 2}
+    assert counts(store, other) == {"steps": 1, "with outcomes": 1, "batches": 1, "with tasks": 1}
     rows = store.load(exp, after_step=10, first_task=4, lookup=Lookup(request_key="open"))
     assert rows is not None and rows.batch is not None and rows.batch.task_idx == [0, 1]
     assert store.compact(12345, through_step=6, max_steps=100) == (0, 0, 0)  # no such experiment

@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 import bots_client
 from bots_server.core.checkpoint_state import encode_state
 from bots_server.engine import PosteriorState
-from bots_server.store import checkpoint_blob, open_store, pieces
+from bots_server.store import Lookup, checkpoint_blob, open_store, pieces
 from bots_server.store.revisions import MIGRATIONS
 from bots_server.store.sql import SqlStore
 from tests.support.servers import ServerProcess
@@ -59,7 +59,15 @@ def seed_experiment(store: SqlStore) -> None:
             state = PosteriorState(
                 np.array([2.0, 3.0, 4.0]), np.full(3, 3.0), np.full(3, 0.1), np.full(3, 0.6), capability=0.5
             )
-            conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, create_time=NOW, state=encode_state(state)))
+            blob = encode_state(state)
+            if "checkpoint_chunks" in t:  # from revision 0008 on: the value in chunks, the keys in blocks
+                size = pieces.chunk_bytes(blob)
+                conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, create_time=NOW, version=1, chunk_bytes=size))
+                for seq, data in enumerate(pieces.chunks(blob, size)):
+                    conn.execute(t["checkpoint_chunks"].insert().values(experiment_id=1, version=1, seq=seq, step=1, data=data))
+                conn.execute(t["task_key_blocks"].insert().values(experiment_id=1, first_task=0, num_tasks=3, keys=pieces.join_texts(["k0", "k1", "k2"])))
+            else:
+                conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, create_time=NOW, state=blob))
         conn.execute(t["steps"].insert().values(experiment_id=1, step=2, batch_id="b2", pool_size=3, capability=CAPABILITY, capability_estimate=C_HAT, create_time=NOW))
         conn.execute(t["outcomes"].insert().values(experiment_id=1, step=2, task_idx=0, successes=4.0, trials=16))
         conn.execute(
@@ -182,6 +190,7 @@ def test_the_chunks_revision_splits_checkpoints_and_keys_and_joins_them_back(
         chunks = conn.execute(sa.text("SELECT count(*) FROM checkpoint_chunks")).scalar_one()
         blocks = conn.execute(sa.text("SELECT count(*) FROM task_key_blocks")).scalar_one()
     assert chunks >= 2 and blocks == 2
+    store.migrate()  # the store reads the head revision's schema
     rows = store.load(1)
     assert rows is not None and rows.checkpoint is not None
     assert rows.checkpoint.state == blob
@@ -191,4 +200,57 @@ def test_the_chunks_revision_splits_checkpoints_and_keys_and_joins_them_back(
         assert bytes(conn.execute(sa.text("SELECT state FROM checkpoints")).scalar_one()) == blob
     store.migrate()
     assert store.load(1).checkpoint.state == blob
+    store.close()
+
+
+def test_the_packed_log_revision_packs_outcomes_and_batch_tasks_and_unpacks_them_back(fresh_db_url: str) -> None:
+    """0009 moves each step's outcome rows and each batch's task rows into one
+    value of its row, in task and position order; its downgrade makes the
+    rows again. A batch selected but not reported keeps its tasks."""
+    store = open_store(fresh_db_url)
+    assert isinstance(store, SqlStore)
+    store.migrate("0008")
+    seed_experiment(store)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO outcomes VALUES (1, 2, 2, 1.5, 8)"))
+        conn.execute(
+            sa.text("INSERT INTO batches VALUES (1, 'b3', 'step-2', 2, 2, :now, :now, NULL)"), {"now": NOW}
+        )
+        conn.execute(sa.text("INSERT INTO batch_tasks VALUES (1, 'b3', 0, 2), (1, 'b3', 1, 1)"))
+    store.migrate("0009")
+    with store.engine.connect() as conn:
+        outcomes = conn.execute(sa.text("SELECT outcomes FROM steps WHERE step = 2")).scalar_one()
+        tasks = dict(conn.execute(sa.text("SELECT batch_id, tasks FROM batches")).all())
+    assert pieces.unpack_outcomes(bytes(outcomes)) == ([0, 2], [4.0, 1.5], [16, 8])
+    assert {b: pieces.unpack_tasks(bytes(v)) for b, v in tasks.items()} == {"b2": [0], "b3": [2, 1]}
+    rows = store.load(1, lookup=Lookup(batch_id="b3"))
+    assert rows is not None and rows.batch is not None and rows.batch.task_idx == [2, 1]
+    assert [(e.step, e.task_idx, e.successes, e.trials) for e in rows.events] == [(2, [0, 2], [4.0, 1.5], [16, 8])]
+    downgrade(store, "0008")
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT * FROM outcomes ORDER BY task_idx")).all() == [(1, 2, 0, 4.0, 16), (1, 2, 2, 1.5, 8)]
+        assert conn.execute(sa.text("SELECT * FROM batch_tasks ORDER BY batch_id, position")).all() == [
+            (1, "b2", 0, 0), (1, "b3", 0, 2), (1, "b3", 1, 1)
+        ]  # fmt: skip
+    store.close()
+
+
+def test_the_packed_log_revision_leaves_compacted_steps_and_batches_empty(fresh_db_url: str) -> None:
+    """What compaction removed before 0009 stays marked removed (NULL), so a
+    retry of such a batch is answered as a compacted one."""
+    store = open_store(fresh_db_url)
+    assert isinstance(store, SqlStore)
+    store.migrate("0008")
+    seed_experiment(store)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outcomes"))
+        conn.execute(sa.text("DELETE FROM batch_tasks"))
+        conn.execute(sa.text("UPDATE experiments SET compacted_through = 2"))
+    store.migrate("0009")
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT outcomes FROM steps")).scalar_one() is None
+        assert conn.execute(sa.text("SELECT tasks FROM batches")).scalar_one() is None
+    assert not store.read_event(1, 2).complete
+    rows = store.load(1, lookup=Lookup(batch_id="b2"))
+    assert rows is not None and rows.batch is not None and rows.batch.compacted
     store.close()

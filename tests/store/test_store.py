@@ -377,11 +377,21 @@ def rows_per_report(store: SqlStore, pool: int, batch_size: int) -> int:
     return count_rows(store) - before
 
 
-def test_rows_written_per_report_do_not_grow_with_the_pool(store: SqlStore) -> None:
-    # One steps row plus one outcomes row per reported task; the experiment
-    # and batch rows are updated in place.
-    assert rows_per_report(store, pool=100, batch_size=16) == 17
-    assert rows_per_report(store, pool=20_000, batch_size=16) == 17
+def test_rows_written_per_report_grow_with_neither_the_pool_nor_the_batch(store: SqlStore) -> None:
+    # One steps row, holding the outcomes; the experiment and batch rows are
+    # updated in place.
+    assert rows_per_report(store, pool=100, batch_size=16) == 1
+    assert rows_per_report(store, pool=20_000, batch_size=256) == 1
+
+
+def test_a_select_writes_one_row_and_reads_its_tasks_back_in_order(store: SqlStore) -> None:
+    experiment = experiment_with_tasks(store, "one-row", 300)
+    tasks = [299, 0, 7, 150, 3] + list(range(10, 250))  # selection order, not sorted
+    before = count_rows(store)
+    store.insert_batch(experiment, batch("b1", "r1", 0, tasks), NOW)
+    assert count_rows(store) - before == 1
+    rows = store.load(experiment, lookup=Lookup(batch_id="b1"))
+    assert rows is not None and rows.batch is not None and rows.batch.task_idx == tasks
 
 
 def test_report_is_a_compare_and_set_on_the_step(store: SqlStore) -> None:

@@ -37,12 +37,13 @@ COMPACTION_STEPS_PER_TRANSACTION = 500
 
 def compact_events(store: Store, experiment_id: int, through_step: int) -> tuple[int, int]:
     """Compact an experiment's events up to `through_step`, a transaction per
-    chunk, until done or held at its checkpoint: (horizon, rows removed).
+    chunk, until done or held at its checkpoint: (horizon, values removed: a
+    step's outcomes or a batch's tasks each).
     Blocking; the server runs it on a worker, `bots-server compact` directly."""
     removed, previous = 0, -1
     while True:
         done = store.compact(experiment_id, through_step, COMPACTION_STEPS_PER_TRANSACTION)
-        removed += done.outcomes + done.batch_tasks
+        removed += done.steps + done.batches
         if done.horizon >= through_step or done.horizon == previous:  # done, or held at the checkpoint
             return done.horizon, removed
         previous = done.horizon
@@ -112,7 +113,7 @@ class Checkpoints:
             log.exception("compaction failed", extra={"experiment": live.name, "through_step": through_step})
             return
         if removed:
-            log.info("events compacted", extra={"experiment": live.name, "horizon": horizon, "rows": removed})
+            log.info("events compacted", extra={"experiment": live.name, "horizon": horizon, "values": removed})
 
     def due(self) -> None:
         """Checkpoint every experiment whose last one is older than the policy allows."""

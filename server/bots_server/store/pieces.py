@@ -1,8 +1,10 @@
-"""Large values stored in pieces: the checkpoint value in chunks, the task
-keys and groups in blocks. Byte handling only; the SQL is in sql.py."""
+"""Values stored in pieces or packed: the checkpoint value in chunks, the task
+keys and groups in blocks, a step's outcomes and a batch's tasks as one
+value each. Byte handling only; the SQL is in sql.py."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Sequence
 
 from bots_server.store import checkpoint_blob
@@ -44,3 +46,36 @@ def split_texts(blob: bytes, count: int) -> list[str]:
     if len(values) != count:
         raise RuntimeError(f"a block of {count} task keys holds {len(values)}")
     return values
+
+
+# A step's outcomes and a batch's tasks, each as one value of its row
+# (revision 0009): a step writes a few rows, not one per task. Little-endian
+# on every host, so that a database moves between machines as it is.
+_INT64 = struct.Struct("<q")
+_OUTCOME_BYTES = 24  # task index (int64), successes (float64), trials (int64)
+
+
+def pack_tasks(task_idx: Sequence[int]) -> bytes:
+    """Task indices, in their order, as one value."""
+    return struct.pack(f"<{len(task_idx)}q", *task_idx)
+
+
+def unpack_tasks(blob: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(blob) // _INT64.size}q", blob))
+
+
+def pack_outcomes(task_idx: Sequence[int], successes: Sequence[float], trials: Sequence[int]) -> bytes:
+    """A step's outcomes as one value: the task indices, then the successes,
+    then the trials, each an array of the step's length."""
+    n = len(task_idx)
+    if not n == len(successes) == len(trials):
+        raise ValueError(f"{n} task indices, {len(successes)} successes and {len(trials)} trials")
+    return struct.pack(f"<{n}q{n}d{n}q", *task_idx, *successes, *trials)
+
+
+def unpack_outcomes(blob: bytes) -> tuple[list[int], list[float], list[int]]:
+    n, extra = divmod(len(blob), _OUTCOME_BYTES)
+    if extra:
+        raise RuntimeError(f"a step's outcomes are {len(blob)} bytes, not a multiple of {_OUTCOME_BYTES}")
+    values = struct.unpack(f"<{n}q{n}d{n}q", blob)
+    return list(values[:n]), list(values[n : 2 * n]), list(values[2 * n :])

@@ -155,8 +155,8 @@ class Compacted(NamedTuple):
     """What one compact() call did."""
 
     horizon: int  # the experiment's compacted_through afterwards
-    outcomes: int  # outcome rows removed
-    batch_tasks: int  # batch_tasks rows removed
+    steps: int  # steps whose outcomes were removed
+    batches: int  # batches whose tasks were removed
 
 
 class TenantUsage(NamedTuple):

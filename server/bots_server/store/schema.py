@@ -8,9 +8,10 @@ before it, one `posteriors` row per task, which made a checkpoint cost a row
 per task). The value is stored in `checkpoint_chunks` (revision 0008), each
 chunk written in its own short transaction, so that no write transaction
 holds SQLite's write lock for long; `checkpoints.version` names the chunks
-that make up the current value. `steps` and `outcomes` are the append-only
-event log after it. On PostgreSQL the view `task_posteriors` reads keys and
-the checkpointed alpha and beta out of it for plain-SQL reading.
+that make up the current value. `steps`, each holding its outcomes as one
+value (revision 0009), is the append-only event log after it. On PostgreSQL
+the view `task_posteriors` reads keys and the checkpointed alpha and beta out
+of it for plain-SQL reading.
 """
 
 from __future__ import annotations
@@ -136,16 +137,9 @@ steps = Table(
     Column("capability", Double, nullable=True),  # after this step
     Column("capability_estimate", Double, nullable=True),  # this batch's c_hat
     Column("create_time", DateTime(timezone=True), nullable=False),
-)
-
-outcomes = Table(
-    "outcomes",
-    metadata,
-    _experiment_id(),
-    Column("step", BigInteger, primary_key=True, autoincrement=False),
-    Column("task_idx", BigInteger, primary_key=True, autoincrement=False),
-    Column("successes", Double, nullable=False),
-    Column("trials", Integer, nullable=False),
+    # The step's outcomes as one value (pieces.pack_outcomes; revision 0009,
+    # before it one `outcomes` row per task). NULL: removed by compaction.
+    Column("outcomes", LargeBinary, nullable=True),
 )
 
 batches = Table(
@@ -159,17 +153,12 @@ batches = Table(
     Column("create_time", DateTime(timezone=True), nullable=False),
     Column("lease_expire_time", DateTime(timezone=True), nullable=False),
     Column("reported_step", BigInteger, nullable=True),
+    # The tasks in selection order as one value (pieces.pack_tasks; revision
+    # 0009, before it one `batch_tasks` row per task). NULL: reported at or
+    # before the compaction horizon, its tasks removed.
+    Column("tasks", LargeBinary, nullable=True),
     UniqueConstraint("experiment_id", "request_key", name="uq_batches_experiment_request_key"),
     Index("ix_batches_open", "experiment_id", "reported_step", "lease_expire_time"),
-)
-
-batch_tasks = Table(
-    "batch_tasks",
-    metadata,
-    _experiment_id(),
-    Column("batch_id", String(64), primary_key=True),
-    Column("position", Integer, primary_key=True, autoincrement=False),
-    Column("task_idx", BigInteger, nullable=False),
 )
 
 # The pool's event log (revision 0005): retiring and re-activating tasks, and

@@ -12,7 +12,6 @@ violations become domain errors.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import datetime as dt
 import functools
 import json
@@ -310,7 +309,7 @@ class SqlStore(Store):
     @_translate_errors
     def delete_experiment(self, experiment_id: int, abandoned: Callable[[], bool] | None = None) -> bool:
         with self._write(abandoned) as conn:
-            tables: tuple[sa.Table, ...] = (t.group_shares, t.retirements, t.batch_tasks, t.batches, t.outcomes, t.steps)
+            tables: tuple[sa.Table, ...] = (t.group_shares, t.retirements, t.batches, t.steps)
             tables += (t.checkpoint_chunks, t.checkpoints, t.task_key_blocks, t.tasks)
             for table in tables:
                 conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
@@ -498,33 +497,17 @@ class SqlStore(Store):
         """Events of steps after_step+1 .. until_step, ascending."""
         if after_step >= until_step:
             return []
-        step_rows = conn.execute(
+        rows = conn.execute(
             sa.select(t.steps)
             .where(t.steps.c.experiment_id == experiment_id, t.steps.c.step > after_step, t.steps.c.step <= until_step)
             .order_by(t.steps.c.step)
         ).all()
-        outcome_rows = conn.execute(
-            sa.select(t.outcomes.c.step, t.outcomes.c.task_idx, t.outcomes.c.successes, t.outcomes.c.trials)
-            .where(
-                t.outcomes.c.experiment_id == experiment_id,
-                t.outcomes.c.step > after_step,
-                t.outcomes.c.step <= until_step,
-            )
-            .order_by(t.outcomes.c.step, t.outcomes.c.task_idx)
-        ).all()
-        by_step: dict[int, list[Any]] = {}
-        for r in outcome_rows:
-            by_step.setdefault(r.step, []).append(r)
-        return [_step_event(s, by_step.get(s.step, [])) for s in step_rows]
+        return [_step_event(row) for row in rows]
 
     @_translate_errors
     def read_event(self, experiment_id: int, step: int) -> StepEvent:
         with self._read() as conn:
-            event = self._read_events(conn, experiment_id, step - 1, step)[0]
-            horizon = conn.execute(
-                sa.select(t.experiments.c.compacted_through).where(t.experiments.c.id == experiment_id)
-            ).scalar_one()
-        return dataclasses.replace(event, complete=False) if step <= horizon else event
+            return self._read_events(conn, experiment_id, step - 1, step)[0]
 
     @_translate_errors
     def compact(self, experiment_id: int, through_step: int, max_steps: int) -> Compacted:
@@ -541,22 +524,19 @@ class SqlStore(Store):
             target = min(through_step, checkpoint_step, horizon + max_steps)
             if target <= horizon:
                 return Compacted(horizon, 0, 0)
-            outcomes = conn.execute(
-                t.outcomes.delete().where(
-                    t.outcomes.c.experiment_id == experiment_id,
-                    t.outcomes.c.step > horizon,
-                    t.outcomes.c.step <= target,
-                )
+            steps = conn.execute(
+                t.steps.update()
+                .where(t.steps.c.experiment_id == experiment_id, t.steps.c.step > horizon, t.steps.c.step <= target)
+                .values(outcomes=None)
             ).rowcount
-            reported = sa.select(t.batches.c.batch_id).where(
-                t.batches.c.experiment_id == experiment_id,
-                t.batches.c.reported_step > horizon,
-                t.batches.c.reported_step <= target,
-            )
-            batch_tasks = conn.execute(
-                t.batch_tasks.delete().where(
-                    t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id.in_(reported)
+            batches = conn.execute(
+                t.batches.update()
+                .where(
+                    t.batches.c.experiment_id == experiment_id,
+                    t.batches.c.reported_step > horizon,
+                    t.batches.c.reported_step <= target,
                 )
+                .values(tasks=None)
             ).rowcount
             # Compare-and-set: of two compactions racing, one moves the horizon.
             conn.execute(
@@ -564,7 +544,7 @@ class SqlStore(Store):
                 .where(t.experiments.c.id == experiment_id, t.experiments.c.compacted_through == horizon)
                 .values(compacted_through=target)
             )
-        return Compacted(target, outcomes, batch_tasks)
+        return Compacted(target, steps, batches)
 
     @_translate_errors
     def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
@@ -708,8 +688,8 @@ class SqlStore(Store):
             if not checks.open == checks.open_known == len(known):
                 raise LeaseConflict()
         else:
-            chosen = set(batch.task_idx)
-            if any(idx in chosen for idx in conn.execute(_leased_tasks(experiment_id, now)).scalars()):
+            leased = {idx for open_batch in _read_open_batches(conn, experiment_id, now) for idx in open_batch.task_idx}
+            if not leased.isdisjoint(batch.task_idx):
                 raise LeaseConflict()
         conn.execute(
             _INSERT_BATCH,
@@ -722,10 +702,9 @@ class SqlStore(Store):
                 "create_time": batch.create_time,
                 "lease_expire_time": batch.lease_expire_time,
                 "reported_step": None,
+                "tasks": pieces.pack_tasks(batch.task_idx),
             },
         )
-        rows = ((experiment_id, batch.batch_id, i, idx) for i, idx in enumerate(batch.task_idx))
-        self._bulk_insert(conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), rows)
         return None
 
     def _commit_report_in(
@@ -760,13 +739,9 @@ class SqlStore(Store):
                 "capability": event.capability,
                 "capability_estimate": event.capability_estimate,
                 "create_time": now,
+                "outcomes": pieces.pack_outcomes(event.task_idx, event.successes, event.trials),
             },
         )
-        rows = (
-            (experiment_id, event.step, i, s, n)
-            for i, s, n in zip(event.task_idx, event.successes, event.trials, strict=True)
-        )
-        self._bulk_insert(conn, t.outcomes, ("experiment_id", "step", "task_idx", "successes", "trials"), rows)
 
     def _next_pool_event(self, conn: Connection, experiment_id: int, seq: int) -> int:
         """Lock the experiment row and check that `seq` is its next pool
@@ -860,15 +835,6 @@ def _insert_experiment(conn: Connection, **values: Any) -> int:
     return int(key[0])
 
 
-def _leased_tasks(experiment_id: int, now: dt.datetime) -> sa.Select[Any]:
-    """Tasks of open batches. An IN over the open batches (ix_batches_open),
-    so its cost follows the open batches, not every batch ever selected."""
-    open_batches = sa.select(t.batches.c.batch_id).where(_open_batch(experiment_id, now))
-    return sa.select(t.batch_tasks.c.task_idx).where(
-        t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id.in_(open_batches)
-    )
-
-
 def _open_batch(experiment_id: int, now: dt.datetime) -> sa.ColumnElement[bool]:
     return sa.and_(
         t.batches.c.experiment_id == experiment_id,
@@ -934,27 +900,16 @@ def _read_batches(conn: Connection, experiment_id: int, condition: Any) -> list[
         .where(t.batches.c.experiment_id == experiment_id, condition)
         .order_by(t.batches.c.create_time, t.batches.c.batch_id)
     ).all()
-    if not batches:
-        return []
-    tasks: dict[str, list[int]] = {}
-    for batch_id, idx in conn.execute(
-        sa.select(t.batch_tasks.c.batch_id, t.batch_tasks.c.task_idx)
-        .where(
-            t.batch_tasks.c.experiment_id == experiment_id, t.batch_tasks.c.batch_id.in_([b.batch_id for b in batches])
-        )
-        .order_by(t.batch_tasks.c.batch_id, t.batch_tasks.c.position)
-    ):
-        tasks.setdefault(batch_id, []).append(idx)
     return [
         BatchRow(
             batch_id=b.batch_id,
             request_key=b.request_key,
             step=b.step,
-            task_idx=tasks.get(b.batch_id, []),
+            task_idx=[] if b.tasks is None else pieces.unpack_tasks(bytes(b.tasks)),
             create_time=_utc(b.create_time),
             lease_expire_time=_utc(b.lease_expire_time),
             reported_step=b.reported_step,
-            compacted=b.batch_id not in tasks and b.reported_step is not None,
+            compacted=b.tasks is None,
         )
         for b in batches
     ]
@@ -1060,14 +1015,17 @@ def _experiment_row(row: Any) -> ExperimentRow:
     )
 
 
-def _step_event(step_row: Any, outcome_rows: list[Any]) -> StepEvent:
+def _step_event(row: Any) -> StepEvent:
+    """The event of a `steps` row; incomplete if compaction removed its outcomes."""
+    task_idx, successes, trials = pieces.unpack_outcomes(b"" if row.outcomes is None else bytes(row.outcomes))
     return StepEvent(
-        step=step_row.step,
-        batch_id=step_row.batch_id,
-        pool_size=step_row.pool_size,
-        task_idx=[r.task_idx for r in outcome_rows],
-        successes=[r.successes for r in outcome_rows],
-        trials=[r.trials for r in outcome_rows],
-        capability=step_row.capability,
-        capability_estimate=step_row.capability_estimate,
+        step=row.step,
+        batch_id=row.batch_id,
+        pool_size=row.pool_size,
+        task_idx=task_idx,
+        successes=successes,
+        trials=trials,
+        capability=row.capability,
+        capability_estimate=row.capability_estimate,
+        complete=row.outcomes is not None,
     )
