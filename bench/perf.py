@@ -56,7 +56,7 @@ from bench.common import median_range as span
 
 BATCH = 256
 ROLLOUTS = 16
-TABLES = ("experiments", "tasks", "checkpoints", "steps", "outcomes", "batches", "batch_tasks")
+TABLES = ("experiments", "tasks", "checkpoints", "steps", "batches")
 
 
 @dataclass(frozen=True)
@@ -827,7 +827,7 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     """Time the store's reads of the leased tasks and of one batch (Store.load
     with a Lookup, as a select and a report make them) with 0..K reported
     batches of B tasks in the tables."""
-    from bots_server.store import BatchRow, Lookup, open_store
+    from bots_server.store import BatchRow, Lookup, open_store, pieces
     from bots_server.store import schema as t
 
     store = open_store(url)
@@ -848,8 +848,10 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     try:
         for target in cfg.history_batches:
             if target > have:
-                batches = ((row.id, f"h{j:08d}", f"hk{j}", j, b, stamp, later, j + 1) for j in range(have, target))
-                tasks = ((row.id, f"h{j:08d}", p, (j * 7 + p) % 1000) for j in range(have, target) for p in range(b))
+                batches = (
+                    (row.id, f"h{j:08d}", f"hk{j}", j, b, stamp, later, j + 1, pieces.pack_tasks(range(j, j + b)))
+                    for j in range(have, target)
+                )
                 with store._write() as conn:  # the store's own bulk path (COPY / executemany)
                     store._bulk_insert(
                         conn,
@@ -863,16 +865,13 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                             "create_time",
                             "lease_expire_time",
                             "reported_step",
+                            "tasks",
                         ),
                         batches,
-                    )
-                    store._bulk_insert(
-                        conn, t.batch_tasks, ("experiment_id", "batch_id", "position", "task_idx"), tasks
                     )
                 if backend != "sqlite":
                     with store.engine.connect() as conn:
                         conn.exec_driver_sql("ANALYZE batches")
-                        conn.exec_driver_sql("ANALYZE batch_tasks")
                         conn.commit()
                 have = target
             # one open batch, as during training
@@ -884,133 +883,29 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
             store.insert_batch(row.id, open_row, now)
             # The catch-up read of a replica that is up to date, with each lookup.
             read = functools.partial(store.load, row.id, after_step=current.step, first_task=current.num_tasks)
-            leased, found, rewritten = [], [], []
+            leased, found = [], []
             for _ in range(15):
                 t0 = time.perf_counter()
-                expected = sorted(read(lookup=Lookup(leases_at=now)).leased)
+                assert sorted(read(lookup=Lookup(leases_at=now)).leased) == list(range(b))
                 t1 = time.perf_counter()
                 assert read(lookup=Lookup(batch_id=open_id)).batch.batch_id == open_id
                 t2 = time.perf_counter()
-                with store.engine.connect() as conn:
-                    got = sorted(conn.execute(_LEASED_REWRITTEN, {"e": row.id, "now": stamp}).scalars())
-                t3 = time.perf_counter()
-                assert got == expected, "the rewritten lease query must return the same tasks"
                 leased.append(t1 - t0)
                 found.append(t2 - t1)
-                rewritten.append(t3 - t2)
             with store._write() as conn:  # close it again
                 conn.execute(t.batches.update().where(t.batches.c.batch_id == open_id).values(reported_step=0))
             point = {
                 "reported_batches": have,
-                "batch_tasks_rows": have * b,
                 "load_leases_ms": float(np.median(leased)) * 1e3,
                 "load_batch_ms": float(np.median(found)) * 1e3,
-                "leased_tasks_rewritten_ms": float(np.median(rewritten)) * 1e3,
             }
             out["points"].append(point)
             log(
-                f"    {backend}: {have:>6} reported batches ({have * b:>9,} batch_tasks rows): load with leases "
-                f"{point['load_leases_ms']:.2f} ms (the lease query alone as IN (subquery): "
-                f"{point['leased_tasks_rewritten_ms']:.2f} ms), load with a batch {point['load_batch_ms']:.2f} ms"
+                f"    {backend}: {have:>6} reported batches: load with leases "
+                f"{point['load_leases_ms']:.2f} ms, load with a batch {point['load_batch_ms']:.2f} ms"
             )
-        if backend == "sqlite":
-            with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-                out["sqlite_plan"] = [
-                    r[3]
-                    for r in conn.execute(
-                        "EXPLAIN QUERY PLAN SELECT batch_tasks.task_idx FROM batch_tasks JOIN batches ON "
-                        "batches.experiment_id = batch_tasks.experiment_id AND batches.batch_id = batch_tasks.batch_id "
-                        "WHERE batches.experiment_id = ? AND batches.reported_step IS NULL AND batches.lease_expire_time > ?",
-                        (row.id, now.isoformat()),
-                    )
-                ]
     finally:
         store.close()
-    return out
-
-
-def _leased_rewritten() -> Any:
-    import sqlalchemy as sa
-
-    return sa.text(
-        "SELECT task_idx FROM batch_tasks WHERE experiment_id = :e AND batch_id IN "
-        "(SELECT batch_id FROM batches WHERE experiment_id = :e AND reported_step IS NULL AND lease_expire_time > :now)"
-    )
-
-
-_LEASED_REWRITTEN = _leased_rewritten()
-
-
-def _unnest_outcomes() -> Any:
-    import sqlalchemy as sa
-
-    return sa.text(
-        "INSERT INTO outcomes (experiment_id, step, task_idx, successes, trials) "
-        "SELECT :e, :step, * FROM unnest(CAST(:idx AS bigint[]), CAST(:s AS double precision[]), CAST(:n AS integer[]))"
-    )
-
-
-_UNNEST_OUTCOMES = _unnest_outcomes()
-
-
-def insert_probe(backend: str, url: str, cfg: PerfConfig, repeats: int = 30) -> dict[str, Any]:
-    """Insert one report's B outcome rows in a write transaction, several ways:
-    the store's executemany (one INSERT per row on psycopg), one multi-row
-    INSERT, the store's bulk path (COPY on PostgreSQL, sqlite3 executemany),
-    one INSERT ... SELECT unnest(arrays) (PostgreSQL); beside a transaction
-    that only updates the experiment row (the fixed cost)."""
-    from bots_server.store import open_store
-    from bots_server.store import schema as t
-
-    store = open_store(url)
-    store.migrate()
-    now = dt.datetime.now(dt.UTC)
-    row = store.create_experiment("inserts", server_config().to_dict(), now)
-    b = cfg.batch_size
-    step = 0
-    timings: dict[str, list[float]] = collections.defaultdict(list)
-    columns = ("experiment_id", "step", "task_idx", "successes", "trials")
-
-    def rows() -> list[dict[str, Any]]:
-        return [
-            {"experiment_id": row.id, "step": step, "task_idx": i, "successes": 3.0, "trials": 16} for i in range(b)
-        ]
-
-    try:
-        for i in range(repeats):
-            kinds = ["empty transaction", "executemany", "multi-row INSERT", "bulk (COPY / sqlite3 executemany)"]
-            if backend != "sqlite":
-                kinds.append("INSERT ... SELECT unnest(arrays)")
-            for how in kinds:
-                step += 1
-                data = rows()
-                started = time.perf_counter()
-                with store._write() as conn:
-                    if how == "empty transaction":
-                        conn.execute(t.experiments.update().where(t.experiments.c.id == row.id).values(step=row.step))
-                    elif how == "executemany":
-                        conn.execute(t.outcomes.insert(), data)
-                    elif how == "multi-row INSERT":
-                        conn.execute(t.outcomes.insert().values(data))
-                    elif how.startswith("INSERT ... SELECT unnest"):
-                        conn.execute(
-                            _UNNEST_OUTCOMES,
-                            {
-                                "e": row.id,
-                                "step": step,
-                                "idx": [d["task_idx"] for d in data],
-                                "s": [d["successes"] for d in data],
-                                "n": [d["trials"] for d in data],
-                            },
-                        )
-                    else:
-                        store._bulk_insert(conn, t.outcomes, columns, (tuple(d[c] for c in columns) for d in data))
-                if i >= 3:
-                    timings[how].append(time.perf_counter() - started)
-    finally:
-        store.close()
-    out = {"backend": backend, "rows": b, "ms": {k: float(np.median(v)) * 1e3 for k, v in timings.items()}}
-    log(f"    {backend}: insert {b} rows + commit: " + ", ".join(f"{k} {v:.2f} ms" for k, v in out["ms"].items()))
     return out
 
 
@@ -1236,15 +1131,15 @@ def _socket_tables(result: dict[str, Any]) -> list[str]:
         "Writes per step (measured on the database):",
         "",
         (
-            "| backend | pool | rows inserted per report (steps + outcomes) | rows inserted per select (batches + batch_tasks) | "
+            "| backend | pool | rows inserted per report (steps) | rows inserted per select (batches) | "
             "bytes written per report | bytes written per select | bytes stored per step | checkpoints in the run |"
         ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["socket"]:
         per = r["rows_inserted_per_step"]
-        report_rows = per.get("steps", 0) + per.get("outcomes", 0)
-        select_rows = per.get("batches", 0) + per.get("batch_tasks", 0)
+        report_rows = per.get("steps", 0)
+        select_rows = per.get("batches", 0)
         if "wal_bytes_per_report" in r:
             written_r, written_s = (
                 f"{r['wal_bytes_per_report'] / 1024:.1f} KiB WAL",
@@ -1317,14 +1212,13 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
             "",
             "Lease query as the batch history grows (median ms; the store runs it twice per select: in the read, and again under the row lock):",
             "",
-            "| backend | reported batches | batch_tasks rows | Store.load with leases | the lease query alone, IN (subquery) | Store.load with a batch |",
-            "|---|---|---|---|---|---|",
+            "| backend | reported batches | Store.load with leases | Store.load with a batch |",
+            "|---|---|---|---|",
         ]
         for h in result["history"]:
             for p in h["points"]:
                 lines.append(
-                    f"| {h['backend']} | {p['reported_batches']:,} | {p['batch_tasks_rows']:,} | {p['load_leases_ms']:.2f} | "
-                    f"{p['leased_tasks_rewritten_ms']:.2f} | {p['load_batch_ms']:.2f} |"
+                    f"| {h['backend']} | {p['reported_batches']:,} | {p['load_leases_ms']:.2f} | {p['load_batch_ms']:.2f} |"
                 )
     if result.get("contention"):
         c = result["contention"]
@@ -1352,16 +1246,6 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
                 f"{r['loaded_rows_bytes_per_task']:.0f} B/task, peak while loading {r['peak_bytes_per_task']:.0f} B/task."
             ),
         ]
-    if result.get("inserts"):
-        kinds = list(dict.fromkeys(k for ins in result["inserts"] for k in ins["ms"]))
-        lines += ["", f"Inserting one report's {result['inserts'][0]['rows']} outcome rows + commit (median ms):", ""]
-        lines += ["| backend | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
-        for ins in result["inserts"]:
-            lines.append(
-                f"| {ins['backend']} | "
-                + " | ".join(f"{ins['ms'][k]:.2f}" if k in ins["ms"] else "n/a" for k in kinds)
-                + " |"
-            )
     return lines
 
 
@@ -1512,8 +1396,6 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{backend}: lease query vs history:")
             with common.database(backend) as url:
                 result["history"].append(history_probe(backend, url, cfg))
-            with common.database(backend) as url:
-                result.setdefault("inserts", []).append(insert_probe(backend, url, cfg))
         if "rebuild" not in skip and backend == "sqlite":
             log(f"sqlite: rebuild of {max(cfg.pools):,} tasks, in-process:")
             with common.database("sqlite") as url:

@@ -14,9 +14,9 @@ def test_a_short_run_measures_growth_by_table(backend: str) -> None:
     if backend == "postgresql":
         require_postgres()
     # Enough rows to fill new pages: SQLite grows a 4 KiB page at a time.
-    result = storage.run(backend, steps=10, pool=128, batch=32)
+    result = storage.run(backend, steps=20, pool=128, batch=32)
     per_step = result["bytes_per_step"]
     assert isinstance(per_step, dict) and set(per_step) == set(storage.GROWING)
-    # Each step appends 32 outcomes and 32 batch tasks: both grow.
-    assert per_step["outcomes"] > 0 and per_step["batch_tasks"] > 0
+    # Each step appends a step holding 32 outcomes and a batch of 32 tasks: both grow.
+    assert per_step["steps"] > 0 and per_step["batches"] > 0
     assert result["bytes_per_step_total"] == pytest.approx(sum(per_step.values()), abs=4)
