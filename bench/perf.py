@@ -56,7 +56,7 @@ from bench.common import median_range as span
 
 BATCH = 256
 ROLLOUTS = 16
-TABLES = ("experiments", "tasks", "checkpoints", "steps", "batches")
+TABLES = ("experiments", "tasks", "checkpoints", "steps", "step_outcomes", "batches", "batch_task_lists")
 
 
 @dataclass(frozen=True)
@@ -848,10 +848,8 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     try:
         for target in cfg.history_batches:
             if target > have:
-                batches = (
-                    (row.id, f"h{j:08d}", f"hk{j}", j, b, stamp, later, j + 1, pieces.pack_tasks(range(j, j + b)))
-                    for j in range(have, target)
-                )
+                batches = ((row.id, f"h{j:08d}", f"hk{j}", j, b, stamp, later, j + 1) for j in range(have, target))
+                tasks = ((row.id, f"h{j:08d}", pieces.pack_tasks(range(j, j + b))) for j in range(have, target))
                 with store._write() as conn:  # the store's own bulk path (COPY / executemany)
                     store._bulk_insert(
                         conn,
@@ -865,13 +863,14 @@ def history_probe(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                             "create_time",
                             "lease_expire_time",
                             "reported_step",
-                            "tasks",
                         ),
                         batches,
                     )
+                    store._bulk_insert(conn, t.batch_task_lists, ("experiment_id", "batch_id", "tasks"), tasks)
                 if backend != "sqlite":
                     with store.engine.connect() as conn:
                         conn.exec_driver_sql("ANALYZE batches")
+                        conn.exec_driver_sql("ANALYZE batch_task_lists")
                         conn.commit()
                 have = target
             # one open batch, as during training
@@ -1131,15 +1130,15 @@ def _socket_tables(result: dict[str, Any]) -> list[str]:
         "Writes per step (measured on the database):",
         "",
         (
-            "| backend | pool | rows inserted per report (steps) | rows inserted per select (batches) | "
+            "| backend | pool | rows inserted per report (steps + step_outcomes) | rows inserted per select (batches + batch_task_lists) | "
             "bytes written per report | bytes written per select | bytes stored per step | checkpoints in the run |"
         ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["socket"]:
         per = r["rows_inserted_per_step"]
-        report_rows = per.get("steps", 0)
-        select_rows = per.get("batches", 0)
+        report_rows = per.get("steps", 0) + per.get("step_outcomes", 0)
+        select_rows = per.get("batches", 0) + per.get("batch_task_lists", 0)
         if "wal_bytes_per_report" in r:
             written_r, written_s = (
                 f"{r['wal_bytes_per_report'] / 1024:.1f} KiB WAL",

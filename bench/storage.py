@@ -36,10 +36,10 @@ from bench.common import (
     write_json,
 )
 
-# The tables that grow with steps, each row holding a step's outcomes or a
-# batch's tasks (revision 0009); the rest (experiments, tasks, checkpoints)
-# are sized by the pool, not by the run's length.
-GROWING = ("steps", "batches")
+# The tables that grow with steps (a step's outcomes and a batch's tasks are
+# one value each since revision 0009); the rest (experiments, tasks,
+# checkpoints) are sized by the pool, not by the run's length.
+GROWING = ("steps", "step_outcomes", "batches", "batch_task_lists")
 
 
 def table_bytes(url: str) -> dict[str, int]:
@@ -72,7 +72,7 @@ def vacuum(url: str) -> None:
     from bots_server.testing.postgres import pg_conninfo
 
     with psycopg.connect(pg_conninfo(url), autocommit=True) as conn:
-        conn.execute("VACUUM steps, batches")
+        conn.execute("VACUUM step_outcomes, batch_task_lists")
 
 
 def outcome(key: str, step: int) -> tuple[float, int]:
@@ -132,9 +132,9 @@ def markdown(info: dict[str, object], results: list[dict[str, object]]) -> str:
         "",
         f"`python -m bench.storage` on {machine_line(info)}.",
         "",
-        "| backend | steps | pool | batch | retention | steps (with outcomes) | batches (with tasks) "
+        "| backend | steps | pool | batch | retention | steps table | step_outcomes | batches | batch_task_lists "
         "| total per step | second half, per step | growing tables at the end | 100k steps at the total rate |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         b = r["bytes_per_step"]
@@ -142,7 +142,7 @@ def markdown(info: dict[str, object], results: list[dict[str, object]]) -> str:
         total = int(r["bytes_per_step_total"])  # type: ignore[call-overload]
         lines.append(
             f"| {r['backend']} | {r['steps']} | {r['pool']} | {r['batch']} | {r['retention_steps'] or 'all'} | "
-            f"{b['steps']} | {b['batches']} | {total / 1024:.1f} KiB | "
+            f"{b['steps']} | {b['step_outcomes']} | {b['batches']} | {b['batch_task_lists']} | {total / 1024:.1f} KiB | "
             f"{int(r['steady_bytes_per_step']) / 1024:.1f} KiB | {int(r['growing_tables_bytes']) / 2**20:.1f} MiB | "  # type: ignore[call-overload]
             f"{total * 100_000 / 2**30:.1f} GiB |"
         )

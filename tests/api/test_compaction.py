@@ -27,11 +27,11 @@ KEEPING = ["--checkpoint-every-steps", "4", "--checkpoint-every-seconds", "3600"
 
 
 def outcome_rows(url: str) -> int:
-    """Outcomes stored: each step holds its own as one value of 24 bytes per task."""
+    """Outcomes stored: each step's are one value of 24 bytes per task."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            stored = conn.execute(sa.text("SELECT coalesce(sum(length(outcomes)), 0) FROM steps")).scalar_one()
+            stored = conn.execute(sa.text("SELECT coalesce(sum(length(outcomes)), 0) FROM step_outcomes")).scalar_one()
             return int(stored) // 24
     finally:
         engine.dispose()

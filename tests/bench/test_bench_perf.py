@@ -34,8 +34,8 @@ def test_socket_run_measures_latency_rows_restart_and_memory() -> None:
     with common.database("sqlite") as url:
         r = perf.socket_run("sqlite", url, 2000, TINY)
     assert r["select"]["n"] == r["report"]["n"] == 6
-    # one steps row holding the outcomes, one batch row holding its tasks
-    assert r["rows_inserted_per_step"] == {"steps": 1.0, "batches": 1.0}
+    # a step's row and its outcomes as one value; a batch's row and its tasks as one value
+    assert r["rows_inserted_per_step"] == {"steps": 1.0, "step_outcomes": 1.0, "batches": 1.0, "batch_task_lists": 1.0}
     assert r["server_wchar_per_report"] > 0
     assert r["restart"]["replayed_steps"] == 0  # a graceful stop checkpoints
     assert r["crash_restart"]["replayed_steps"] == TINY.crash_steps
@@ -59,7 +59,10 @@ def test_throughput_breakdown_history_and_tables() -> None:
     with common.database("sqlite") as url:
         b = perf.breakdown_run("sqlite", url, TINY)
     inserted = {phase: {k: v for k, v in b[phase]["rows_per_call"].items() if k.startswith("INSERT")} for phase in ("report", "select")}
-    assert inserted == {"report": {"INSERT steps": 1}, "select": {"INSERT batches": 1}}
+    assert inserted == {
+        "report": {"INSERT steps": 1, "INSERT step_outcomes": 1},
+        "select": {"INSERT batches": 1, "INSERT batch_task_lists": 1},
+    }
     assert b["report"]["parts_ms"]["commit_report"] > 0
     with common.database("sqlite") as url:
         h = perf.history_probe("sqlite", url, TINY)

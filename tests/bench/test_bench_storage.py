@@ -17,6 +17,6 @@ def test_a_short_run_measures_growth_by_table(backend: str) -> None:
     result = storage.run(backend, steps=20, pool=128, batch=32)
     per_step = result["bytes_per_step"]
     assert isinstance(per_step, dict) and set(per_step) == set(storage.GROWING)
-    # Each step appends a step holding 32 outcomes and a batch of 32 tasks: both grow.
-    assert per_step["steps"] > 0 and per_step["batches"] > 0
+    # Each step appends its 32 outcomes and a batch's 32 tasks: both grow.
+    assert per_step["step_outcomes"] > 0 and per_step["batch_task_lists"] > 0
     assert result["bytes_per_step_total"] == pytest.approx(sum(per_step.values()), abs=4)

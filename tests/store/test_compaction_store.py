@@ -15,12 +15,12 @@ store = test_store.store  # the fixture: a fresh, migrated store
 
 
 def counts(store: SqlStore, experiment_id: int) -> dict[str, int]:
-    """Rows of `steps` and `batches`, and how many still hold their outcomes or tasks."""
+    """Rows of `steps` and `batches`, and how many of them still have their outcomes or tasks."""
     queries = {
         "steps": "SELECT count(*) FROM steps WHERE experiment_id = :e",
-        "with outcomes": "SELECT count(outcomes) FROM steps WHERE experiment_id = :e",
+        "with outcomes": "SELECT count(*) FROM step_outcomes WHERE experiment_id = :e",
         "batches": "SELECT count(*) FROM batches WHERE experiment_id = :e",
-        "with tasks": "SELECT count(tasks) FROM batches WHERE experiment_id = :e",
+        "with tasks": "SELECT count(*) FROM batch_task_lists WHERE experiment_id = :e",
     }
     with store.engine.connect() as conn:
         return {name: conn.execute(sa.text(q), {"e": experiment_id}).scalar_one() for name, q in queries.items()}

@@ -219,8 +219,8 @@ def test_the_packed_log_revision_packs_outcomes_and_batch_tasks_and_unpacks_them
         conn.execute(sa.text("INSERT INTO batch_tasks VALUES (1, 'b3', 0, 2), (1, 'b3', 1, 1)"))
     store.migrate("0009")
     with store.engine.connect() as conn:
-        outcomes = conn.execute(sa.text("SELECT outcomes FROM steps WHERE step = 2")).scalar_one()
-        tasks = dict(conn.execute(sa.text("SELECT batch_id, tasks FROM batches")).all())
+        outcomes = conn.execute(sa.text("SELECT outcomes FROM step_outcomes WHERE step = 2")).scalar_one()
+        tasks = dict(conn.execute(sa.text("SELECT batch_id, tasks FROM batch_task_lists")).all())
     assert pieces.unpack_outcomes(bytes(outcomes)) == ([0, 2], [4.0, 1.5], [16, 8])
     assert {b: pieces.unpack_tasks(bytes(v)) for b, v in tasks.items()} == {"b2": [0], "b3": [2, 1]}
     rows = store.load(1, lookup=Lookup(batch_id="b3"))
@@ -235,8 +235,8 @@ def test_the_packed_log_revision_packs_outcomes_and_batch_tasks_and_unpacks_them
     store.close()
 
 
-def test_the_packed_log_revision_leaves_compacted_steps_and_batches_empty(fresh_db_url: str) -> None:
-    """What compaction removed before 0009 stays marked removed (NULL), so a
+def test_the_packed_log_revision_leaves_compacted_steps_and_batches_without_values(fresh_db_url: str) -> None:
+    """What compaction removed before 0009 stays removed (no row), so a
     retry of such a batch is answered as a compacted one."""
     store = open_store(fresh_db_url)
     assert isinstance(store, SqlStore)
@@ -248,8 +248,8 @@ def test_the_packed_log_revision_leaves_compacted_steps_and_batches_empty(fresh_
         conn.execute(sa.text("UPDATE experiments SET compacted_through = 2"))
     store.migrate("0009")
     with store.engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT outcomes FROM steps")).scalar_one() is None
-        assert conn.execute(sa.text("SELECT tasks FROM batches")).scalar_one() is None
+        assert conn.execute(sa.text("SELECT count(*) FROM step_outcomes")).scalar_one() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM batch_task_lists")).scalar_one() == 0
     assert not store.read_event(1, 2).complete
     rows = store.load(1, lookup=Lookup(batch_id="b2"))
     assert rows is not None and rows.batch is not None and rows.batch.compacted

@@ -378,18 +378,18 @@ def rows_per_report(store: SqlStore, pool: int, batch_size: int) -> int:
 
 
 def test_rows_written_per_report_grow_with_neither_the_pool_nor_the_batch(store: SqlStore) -> None:
-    # One steps row, holding the outcomes; the experiment and batch rows are
-    # updated in place.
-    assert rows_per_report(store, pool=100, batch_size=16) == 1
-    assert rows_per_report(store, pool=20_000, batch_size=256) == 1
+    # A steps row and a step_outcomes row holding the outcomes; the
+    # experiment and batch rows are updated in place.
+    assert rows_per_report(store, pool=100, batch_size=16) == 2
+    assert rows_per_report(store, pool=20_000, batch_size=256) == 2
 
 
-def test_a_select_writes_one_row_and_reads_its_tasks_back_in_order(store: SqlStore) -> None:
+def test_a_select_writes_two_rows_and_reads_its_tasks_back_in_order(store: SqlStore) -> None:
     experiment = experiment_with_tasks(store, "one-row", 300)
     tasks = [299, 0, 7, 150, 3] + list(range(10, 250))  # selection order, not sorted
     before = count_rows(store)
     store.insert_batch(experiment, batch("b1", "r1", 0, tasks), NOW)
-    assert count_rows(store) - before == 1
+    assert count_rows(store) - before == 2  # the batch, and its tasks as one value
     rows = store.load(experiment, lookup=Lookup(batch_id="b1"))
     assert rows is not None and rows.batch is not None and rows.batch.task_idx == tasks
 

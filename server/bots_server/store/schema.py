@@ -8,8 +8,8 @@ before it, one `posteriors` row per task, which made a checkpoint cost a row
 per task). The value is stored in `checkpoint_chunks` (revision 0008), each
 chunk written in its own short transaction, so that no write transaction
 holds SQLite's write lock for long; `checkpoints.version` names the chunks
-that make up the current value. `steps`, each holding its outcomes as one
-value (revision 0009), is the append-only event log after it. On PostgreSQL
+that make up the current value. `steps` and `step_outcomes` (a step's
+outcomes as one value, revision 0009) are the append-only event log after it. On PostgreSQL
 the view `task_posteriors` reads keys and the checkpointed alpha and beta out
 of it for plain-SQL reading.
 """
@@ -137,9 +137,18 @@ steps = Table(
     Column("capability", Double, nullable=True),  # after this step
     Column("capability_estimate", Double, nullable=True),  # this batch's c_hat
     Column("create_time", DateTime(timezone=True), nullable=False),
-    # The step's outcomes as one value (pieces.pack_outcomes; revision 0009,
-    # before it one `outcomes` row per task). NULL: removed by compaction.
-    Column("outcomes", LargeBinary, nullable=True),
+)
+
+# A step's outcomes as one value (pieces.pack_outcomes; revision 0009, before
+# it one `outcomes` row per task), in a row of their own so that compaction
+# deletes rows: a value set to NULL in place would leave its space in pages
+# that SQLite never fills again. None: removed by compaction.
+step_outcomes = Table(
+    "step_outcomes",
+    metadata,
+    _experiment_id(),
+    Column("step", BigInteger, primary_key=True, autoincrement=False),
+    Column("outcomes", LargeBinary, nullable=False),
 )
 
 batches = Table(
@@ -153,12 +162,20 @@ batches = Table(
     Column("create_time", DateTime(timezone=True), nullable=False),
     Column("lease_expire_time", DateTime(timezone=True), nullable=False),
     Column("reported_step", BigInteger, nullable=True),
-    # The tasks in selection order as one value (pieces.pack_tasks; revision
-    # 0009, before it one `batch_tasks` row per task). NULL: reported at or
-    # before the compaction horizon, its tasks removed.
-    Column("tasks", LargeBinary, nullable=True),
     UniqueConstraint("experiment_id", "request_key", name="uq_batches_experiment_request_key"),
     Index("ix_batches_open", "experiment_id", "reported_step", "lease_expire_time"),
+)
+
+# A batch's tasks in selection order as one value (pieces.pack_tasks; revision
+# 0009, before it one `batch_tasks` row per task), in a row of their own as a
+# step's outcomes are. None: the batch was reported at or before the
+# compaction horizon.
+batch_task_lists = Table(
+    "batch_task_lists",
+    metadata,
+    _experiment_id(),
+    Column("batch_id", String(64), primary_key=True),
+    Column("tasks", LargeBinary, nullable=False),
 )
 
 # The pool's event log (revision 0005): retiring and re-activating tasks, and

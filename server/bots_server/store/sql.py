@@ -309,7 +309,8 @@ class SqlStore(Store):
     @_translate_errors
     def delete_experiment(self, experiment_id: int, abandoned: Callable[[], bool] | None = None) -> bool:
         with self._write(abandoned) as conn:
-            tables: tuple[sa.Table, ...] = (t.group_shares, t.retirements, t.batches, t.steps)
+            tables: tuple[sa.Table, ...] = (t.group_shares, t.retirements, t.batch_task_lists, t.batches)
+            tables += (t.step_outcomes, t.steps)
             tables += (t.checkpoint_chunks, t.checkpoints, t.task_key_blocks, t.tasks)
             for table in tables:
                 conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
@@ -498,7 +499,11 @@ class SqlStore(Store):
         if after_step >= until_step:
             return []
         rows = conn.execute(
-            sa.select(t.steps)
+            sa.select(t.steps, t.step_outcomes.c.outcomes)
+            .outerjoin(
+                t.step_outcomes,
+                sa.and_(t.step_outcomes.c.experiment_id == t.steps.c.experiment_id, t.step_outcomes.c.step == t.steps.c.step),
+            )
             .where(t.steps.c.experiment_id == experiment_id, t.steps.c.step > after_step, t.steps.c.step <= until_step)
             .order_by(t.steps.c.step)
         ).all()
@@ -525,18 +530,21 @@ class SqlStore(Store):
             if target <= horizon:
                 return Compacted(horizon, 0, 0)
             steps = conn.execute(
-                t.steps.update()
-                .where(t.steps.c.experiment_id == experiment_id, t.steps.c.step > horizon, t.steps.c.step <= target)
-                .values(outcomes=None)
-            ).rowcount
-            batches = conn.execute(
-                t.batches.update()
-                .where(
-                    t.batches.c.experiment_id == experiment_id,
-                    t.batches.c.reported_step > horizon,
-                    t.batches.c.reported_step <= target,
+                t.step_outcomes.delete().where(
+                    t.step_outcomes.c.experiment_id == experiment_id,
+                    t.step_outcomes.c.step > horizon,
+                    t.step_outcomes.c.step <= target,
                 )
-                .values(tasks=None)
+            ).rowcount
+            reported = sa.select(t.batches.c.batch_id).where(
+                t.batches.c.experiment_id == experiment_id,
+                t.batches.c.reported_step > horizon,
+                t.batches.c.reported_step <= target,
+            )
+            batches = conn.execute(
+                t.batch_task_lists.delete().where(
+                    t.batch_task_lists.c.experiment_id == experiment_id, t.batch_task_lists.c.batch_id.in_(reported)
+                )
             ).rowcount
             # Compare-and-set: of two compactions racing, one moves the horizon.
             conn.execute(
@@ -702,8 +710,11 @@ class SqlStore(Store):
                 "create_time": batch.create_time,
                 "lease_expire_time": batch.lease_expire_time,
                 "reported_step": None,
-                "tasks": pieces.pack_tasks(batch.task_idx),
             },
+        )
+        conn.execute(
+            _INSERT_BATCH_TASKS,
+            {"experiment_id": experiment_id, "batch_id": batch.batch_id, "tasks": pieces.pack_tasks(batch.task_idx)},
         )
         return None
 
@@ -739,9 +750,10 @@ class SqlStore(Store):
                 "capability": event.capability,
                 "capability_estimate": event.capability_estimate,
                 "create_time": now,
-                "outcomes": pieces.pack_outcomes(event.task_idx, event.successes, event.trials),
             },
         )
+        outcomes = pieces.pack_outcomes(event.task_idx, event.successes, event.trials)
+        conn.execute(_INSERT_OUTCOMES, {"experiment_id": experiment_id, "step": event.step, "outcomes": outcomes})
 
     def _next_pool_event(self, conn: Connection, experiment_id: int, seq: int) -> int:
         """Lock the experiment row and check that `seq` is its next pool
@@ -896,7 +908,14 @@ def _read_batches(conn: Connection, experiment_id: int, condition: Any) -> list[
     """The experiment's batches that meet `condition`, oldest first, each
     with its tasks in selection order (none left: compacted)."""
     batches = conn.execute(
-        sa.select(t.batches)
+        sa.select(t.batches, t.batch_task_lists.c.tasks)
+        .outerjoin(
+            t.batch_task_lists,
+            sa.and_(
+                t.batch_task_lists.c.experiment_id == t.batches.c.experiment_id,
+                t.batch_task_lists.c.batch_id == t.batches.c.batch_id,
+            ),
+        )
         .where(t.batches.c.experiment_id == experiment_id, condition)
         .order_by(t.batches.c.create_time, t.batches.c.batch_id)
     ).all()
@@ -909,7 +928,7 @@ def _read_batches(conn: Connection, experiment_id: int, condition: Any) -> list[
             create_time=_utc(b.create_time),
             lease_expire_time=_utc(b.lease_expire_time),
             reported_step=b.reported_step,
-            compacted=b.tasks is None,
+            compacted=b.tasks is None and b.reported_step is not None,
         )
         for b in batches
     ]
@@ -964,6 +983,8 @@ _MARK_REPORTED = (
 )
 _ADVANCE_STEP_SAME_POOL = _ADVANCE_STEP.where(t.experiments.c.num_tasks == sa.bindparam("b_num_tasks"))
 _INSERT_STEP = t.steps.insert()
+_INSERT_OUTCOMES = t.step_outcomes.insert()
+_INSERT_BATCH_TASKS = t.batch_task_lists.insert()
 
 
 def _read_pool_events(conn: Connection, experiment_id: int, after_seq: int) -> list[PoolEvent]:
@@ -1016,7 +1037,8 @@ def _experiment_row(row: Any) -> ExperimentRow:
 
 
 def _step_event(row: Any) -> StepEvent:
-    """The event of a `steps` row; incomplete if compaction removed its outcomes."""
+    """The event of a `steps` row joined with its outcomes; incomplete if
+    compaction removed them."""
     task_idx, successes, trials = pieces.unpack_outcomes(b"" if row.outcomes is None else bytes(row.outcomes))
     return StepEvent(
         step=row.step,

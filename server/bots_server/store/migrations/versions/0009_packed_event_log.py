@@ -1,12 +1,11 @@
-"""A step's outcomes and a batch's tasks, each as one value of its row.
+"""A step's outcomes and a batch's tasks, each as one value in one row.
 
-`outcomes` (one row per reported task) becomes `steps.outcomes`, and
-`batch_tasks` (one row per selected task) becomes `batches.tasks`, both in the
-formats of pieces.py. A step then writes four rows, not two per task of its
-batch: of a combined report and select on PostgreSQL at batch 256, that was
-about two thirds of the write's time. NULL marks what compaction removed (a
-step at or before the horizon, a batch reported by then); every other row
-gets its value, empty if it had no rows.
+`outcomes` (one row per reported task) becomes `step_outcomes` (one row per
+step), and `batch_tasks` (one row per selected task) becomes
+`batch_task_lists` (one row per batch), in the formats of pieces.py. A step
+then inserts a few rows, not two per task of its batch. What compaction
+removed (steps at or before the horizon, batches reported by then) has no
+row; every other step and batch gets one, empty if it had no rows.
 
 Revision ID: 0009
 Revises: 0008
@@ -28,13 +27,13 @@ branch_labels = None
 depends_on = None
 
 _experiments = sa.table("experiments", sa.column("id"), sa.column("compacted_through"))
-_steps = sa.table("steps", sa.column("experiment_id"), sa.column("step"), sa.column("outcomes", sa.LargeBinary))
-_batches = sa.table(
-    "batches",
-    sa.column("experiment_id"),
-    sa.column("batch_id"),
-    sa.column("reported_step"),
-    sa.column("tasks", sa.LargeBinary),
+_steps = sa.table("steps", sa.column("experiment_id"), sa.column("step"))
+_batches = sa.table("batches", sa.column("experiment_id"), sa.column("batch_id"), sa.column("reported_step"))
+_step_outcomes = sa.table(
+    "step_outcomes", sa.column("experiment_id"), sa.column("step"), sa.column("outcomes", sa.LargeBinary)
+)
+_batch_task_lists = sa.table(
+    "batch_task_lists", sa.column("experiment_id"), sa.column("batch_id"), sa.column("tasks", sa.LargeBinary)
 )
 _outcomes = sa.table(
     "outcomes",
@@ -54,12 +53,22 @@ _BATCHES_PER_READ = 1000
 
 
 def upgrade() -> None:
-    op.add_column("steps", sa.Column("outcomes", sa.LargeBinary, nullable=True))
-    op.add_column("batches", sa.Column("tasks", sa.LargeBinary, nullable=True))
+    op.create_table(
+        "step_outcomes",
+        sa.Column("experiment_id", sa.Integer, sa.ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("outcomes", sa.LargeBinary, nullable=False),
+    )
+    op.create_table(
+        "batch_task_lists",
+        sa.Column("experiment_id", sa.Integer, sa.ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("batch_id", sa.String(64), primary_key=True),
+        sa.Column("tasks", sa.LargeBinary, nullable=False),
+    )
     if op.get_bind().dialect.name == "postgresql":
         # Floats do not compress: no attempt on every write.
-        op.execute("ALTER TABLE steps ALTER COLUMN outcomes SET STORAGE EXTERNAL")
-        op.execute("ALTER TABLE batches ALTER COLUMN tasks SET STORAGE EXTERNAL")
+        op.execute("ALTER TABLE step_outcomes ALTER COLUMN outcomes SET STORAGE EXTERNAL")
+        op.execute("ALTER TABLE batch_task_lists ALTER COLUMN tasks SET STORAGE EXTERNAL")
     conn = op.get_bind()
     for experiment_id, horizon in conn.execute(sa.select(_experiments.c.id, _experiments.c.compacted_through)).all():
         _pack_steps(conn, experiment_id, horizon)
@@ -87,13 +96,8 @@ def _pack_steps(conn: sa.Connection, experiment_id: int, horizon: int) -> None:
             packed = pieces.pack_outcomes(
                 [r.task_idx for r in found], [float(r.successes) for r in found], [int(r.trials) for r in found]
             )
-            values.append({"e": experiment_id, "s": step, "outcomes": packed})
-        conn.execute(
-            _steps.update()
-            .where(_steps.c.experiment_id == sa.bindparam("e"), _steps.c.step == sa.bindparam("s"))
-            .values(outcomes=sa.bindparam("outcomes")),
-            values,
-        )
+            values.append({"experiment_id": experiment_id, "step": step, "outcomes": packed})
+        conn.execute(_step_outcomes.insert(), values)
 
 
 def _pack_batches(conn: sa.Connection, experiment_id: int, horizon: int) -> None:
@@ -113,10 +117,8 @@ def _pack_batches(conn: sa.Connection, experiment_id: int, horizon: int) -> None
             batch_id: [r.task_idx for r in group] for batch_id, group in groupby(rows, key=lambda r: r.batch_id)
         }
         conn.execute(
-            _batches.update()
-            .where(_batches.c.experiment_id == sa.bindparam("e"), _batches.c.batch_id == sa.bindparam("b"))
-            .values(tasks=sa.bindparam("tasks")),
-            [{"e": experiment_id, "b": b, "tasks": pieces.pack_tasks(by_batch.get(b, []))} for b in chunk],
+            _batch_task_lists.insert(),
+            [{"experiment_id": experiment_id, "batch_id": b, "tasks": pieces.pack_tasks(by_batch.get(b, []))} for b in chunk],
         )
 
 
@@ -142,7 +144,7 @@ def downgrade() -> None:
         sa.Column("task_idx", sa.BigInteger, nullable=False),
     )
     conn = op.get_bind()
-    steps = sa.select(_steps.c.experiment_id, _steps.c.step, _steps.c.outcomes).where(_steps.c.outcomes.is_not(None))
+    steps = sa.select(_step_outcomes.c.experiment_id, _step_outcomes.c.step, _step_outcomes.c.outcomes)
     for experiment_id, step, packed in conn.execute(steps).all():
         task_idx, successes, trials = pieces.unpack_outcomes(bytes(packed))
         if task_idx:
@@ -153,9 +155,7 @@ def downgrade() -> None:
                     for i, s, n in zip(task_idx, successes, trials, strict=True)
                 ],
             )
-    batches = sa.select(_batches.c.experiment_id, _batches.c.batch_id, _batches.c.tasks).where(
-        _batches.c.tasks.is_not(None)
-    )
+    batches = sa.select(_batch_task_lists.c.experiment_id, _batch_task_lists.c.batch_id, _batch_task_lists.c.tasks)
     for experiment_id, batch_id, packed in conn.execute(batches).all():
         tasks = pieces.unpack_tasks(bytes(packed))
         if tasks:
@@ -166,5 +166,5 @@ def downgrade() -> None:
                     for p, i in enumerate(tasks)
                 ],
             )
-    op.drop_column("batches", "tasks")
-    op.drop_column("steps", "outcomes")
+    op.drop_table("batch_task_lists")
+    op.drop_table("step_outcomes")
