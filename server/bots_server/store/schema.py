@@ -9,9 +9,9 @@ per task). The value is stored in `checkpoint_chunks` (revision 0008), each
 chunk written in its own short transaction, so that no write transaction
 holds SQLite's write lock for long; `checkpoints.version` names the chunks
 that make up the current value. `steps` and `step_outcomes` (a step's
-outcomes as one value, revision 0009) are the append-only event log after it. On PostgreSQL
-the view `task_posteriors` reads keys and the checkpointed alpha and beta out
-of it for plain-SQL reading.
+outcomes as one value, revision 0009) are the append-only event log after
+it. On PostgreSQL the view `task_posteriors` reads keys and the checkpointed
+alpha and beta out of it for plain-SQL reading.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ steps = Table(
 # A step's outcomes as one value (pieces.pack_outcomes; revision 0009, before
 # it one `outcomes` row per task), in a row of their own so that compaction
 # deletes rows: a value set to NULL in place would leave its space in pages
-# that SQLite never fills again. None: removed by compaction.
+# that SQLite never fills again. No row: removed by compaction.
 step_outcomes = Table(
     "step_outcomes",
     metadata,
@@ -168,7 +168,7 @@ batches = Table(
 
 # A batch's tasks in selection order as one value (pieces.pack_tasks; revision
 # 0009, before it one `batch_tasks` row per task), in a row of their own as a
-# step's outcomes are. None: the batch was reported at or before the
+# step's outcomes are. No row: the batch was reported at or before the
 # compaction horizon.
 batch_task_lists = Table(
     "batch_task_lists",
