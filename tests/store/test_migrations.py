@@ -205,8 +205,8 @@ def test_the_chunks_revision_splits_checkpoints_and_keys_and_joins_them_back(
 
 def test_the_packed_log_revision_packs_outcomes_and_batch_tasks_and_unpacks_them_back(fresh_db_url: str) -> None:
     """0009 moves each step's outcome rows and each batch's task rows into one
-    value of its row, in task and position order; its downgrade makes the
-    rows again. A batch selected but not reported keeps its tasks."""
+    value in one row (step_outcomes, batch_task_lists), in task and position
+    order; its downgrade makes the rows again. A batch selected but not reported keeps its tasks."""
     store = open_store(fresh_db_url)
     assert isinstance(store, SqlStore)
     store.migrate("0008")

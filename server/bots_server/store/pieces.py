@@ -48,8 +48,8 @@ def split_texts(blob: bytes, count: int) -> list[str]:
     return values
 
 
-# A step's outcomes and a batch's tasks, each as one value of its row
-# (revision 0009): a step writes a few rows, not one per task. Little-endian
+# A step's outcomes and a batch's tasks, each as one value in one row
+# (revision 0009): a step inserts a few rows, not one per task. Little-endian
 # on every host, so that a database moves between machines as it is.
 _INT64 = struct.Struct("<q")
 _OUTCOME_BYTES = 24  # task index (int64), successes (float64), trials (int64)
