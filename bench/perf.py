@@ -188,7 +188,8 @@ class EngineStep:
     def __init__(self, n: int, batch: int) -> None:
         from bots_server.engine import EngineParams, PosteriorState
 
-        self.params = EngineParams.of(experiment_config())
+        # Stream 1: the reference code's draw, one call over the pool.
+        self.params = dataclasses.replace(EngineParams.of(experiment_config()), random_stream=1)
         weak, strong = reference_rates(n)
         self.state = PosteriorState.from_prior(self.params, weak, strong)
         self.available = np.ones(n, dtype=bool)

@@ -27,11 +27,24 @@ def ref_closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng
     if params.selection_mode in ("mean", "softmax_mean"):
         p = alpha / (alpha + beta)
     else:
-        p = rng.beta(alpha, beta)
+        p = ref_beta_draws(rng, alpha, beta, params.random_stream)
     score = -np.abs(params.target_success - p)
     if params.selection_mode in ("softmax", "softmax_mean"):
         score = score / params.temperature + rng.gumbel(size=score.shape[0])
     return score
+
+
+def ref_beta_draws(rng: np.random.Generator, alpha: np.ndarray, beta: np.ndarray, stream: int) -> np.ndarray:
+    """Stream 1: one draw over the pool. Stream 2, from 32768 tasks: 8 parts
+    of (i * n) // 8 to ((i + 1) * n) // 8, part i drawn, one after another,
+    by the i-th generator rng.spawn(8) gives."""
+    n = alpha.shape[0]
+    if stream == 1 or n < 32768:
+        return rng.beta(alpha, beta)
+    children = rng.spawn(8)
+    return np.concatenate(
+        [g.beta(alpha[i * n // 8 : (i + 1) * n // 8], beta[i * n // 8 : (i + 1) * n // 8]) for i, g in enumerate(children)]
+    )
 
 
 def ref_score(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np.random.Generator) -> np.ndarray:

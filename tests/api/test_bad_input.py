@@ -75,6 +75,7 @@ def test_create_experiment_rejects_bad_names_and_configs(client: bots_client.Cli
         (dict(prior_beta=-1.0), "prior_beta = -1.0"),
         (dict(lease_ttl_seconds=0.0), "lease_ttl_seconds = 0.0"),
         (dict(seed=2**63), "seed = 9223372036854775808"),
+        (dict(random_stream=3), "random_stream = 3 is not one of [1, 2]"),
         (dict(weak_feature="w"), "set both"),
         (dict(weak_feature="w", strong_feature="w"), "both 'w'"),
         (dict(weak_feature='w"x', strong_feature="s"), "printable ASCII"),

@@ -152,6 +152,7 @@ CASES = [
     Case("feature-long", "CreateExperiment", create(cfg(weak_feature="w" * 257, strong_feature="s")), Code.INVALID_ARGUMENT, "longer than 256"),
     Case("strategy-99", "CreateExperiment", create(cfg(strategy=99)), Code.INVALID_ARGUMENT, "strategy enum value 99"),
     Case("mode-42", "CreateExperiment", create(cfg(selection_mode=42)), Code.INVALID_ARGUMENT, "selection_mode enum value 42"),
+    Case("stream-0", "CreateExperiment", create(cfg(random_stream=0)), Code.INVALID_ARGUMENT, "random_stream = 0"),
     # -- GetExperiment, ListExperiments, DeleteExperiment, Snapshot ---------------
     Case("get-nul", "GetExperiment", lambda e: pb.GetExperimentRequest(name=e + "\x00"), Code.INVALID_ARGUMENT, "is invalid"),
     Case("get-megabyte", "GetExperiment", lambda e: pb.GetExperimentRequest(name=LONG), Code.INVALID_ARGUMENT, "is invalid"),

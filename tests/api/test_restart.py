@@ -4,14 +4,18 @@ continues exactly as an uninterrupted one."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 import bots_client
 from bots_client import ExperimentConfig, Task
+from bots_server.engine import EngineParams, PosteriorState, select, step_rng
 from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, require_postgres
 
 CONFIG = ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=5, implicit_weight=0.2)
@@ -150,3 +154,42 @@ def test_restart_replays_tasks_added_between_steps(tmp_path) -> None:
             assert bits(client.snapshot("grow")) == before
     finally:
         server.kill()
+
+
+def test_an_experiment_stored_before_stream_2_keeps_stream_1(two_databases: tuple[str, str]) -> None:
+    """A config stored without random_stream (a server before it existed)
+    reads back as stream 1 after an upgrade: its batches are the ones stream
+    1 draws, while a new experiment's are stream 2's. 40,000 tasks: stream 2
+    draws parts from 32,768."""
+    db, _ = two_databases
+    n, config = 40_000, ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=5)
+    rng = np.random.default_rng(2)
+    weak = rng.uniform(0, 0.6, n)
+    strong = np.minimum(1.0, weak + 0.3)
+    tasks = [Task(f"t{i}", {"weak": float(w), "strong": float(s)}) for i, (w, s) in enumerate(zip(weak, strong))]
+    server = ServerProcess(db).start()
+    try:
+        with bots_client.Client(server.address) as client:
+            for name in ("old", "new"):
+                client.create_experiment(name, config)
+                client.add_tasks(name, tasks)
+        assert server.stop() == 0
+        engine = sa.create_engine(db)
+        with engine.begin() as conn:
+            stored = json.loads(conn.execute(sa.text("SELECT config FROM experiments WHERE name = 'old'")).scalar_one())
+            del stored["random_stream"]
+            conn.execute(sa.text("UPDATE experiments SET config = :c WHERE name = 'old'"), {"c": json.dumps(stored)})
+        engine.dispose()
+        server = ServerProcess(db).start()
+        with bots_client.Client(server.address) as client:
+            batches = {name: client.select_batch(name, 32, request_key="first").keys for name in ("old", "new")}
+            assert client.get_experiment("old").config.random_stream == 1
+            assert client.get_experiment("new").config.random_stream == 2
+    finally:
+        server.kill()
+    for name, stream in (("old", 1), ("new", 2)):
+        params = EngineParams.of(dataclasses.replace(config, random_stream=stream))
+        state = PosteriorState.from_prior(params, weak, strong)
+        chosen = select(params, state.alpha, state.beta, np.ones(n, dtype=bool), 32, step_rng(5, 0, "first"))
+        assert batches[name] == [f"t{i}" for i in chosen]
+    assert batches["old"] != batches["new"]

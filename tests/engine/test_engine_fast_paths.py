@@ -80,6 +80,7 @@ def random_params(rng: np.random.Generator) -> EngineParams:
         adaptive_rho_error=float(pick(0.0, 0.0, 0.25, 0.05)),
         track_prediction=float(pick(0.0, 0.0, 0.5, 1.0)),
         implicit_reliability=float(pick(0.0, 0.0, 1.0, 7.0)),
+        random_stream=int(pick(1, 2)),
     )
 
 

@@ -55,7 +55,7 @@ def test_conversion_round_trips_a_config_with_every_field_changed() -> None:
         strategy="mopps", target_success=0.3, forgetting=0.2, implicit_weight=0.0, rollouts_per_task=8,
         selection_mode="softmax", temperature=0.5, prior_alpha=2.0, prior_beta=3.0, capability_ema=0.7,
         candidate_ratio=2.0, warm_start_scale=8.0, warm_start_position=0.5,
-        adaptive_rho_error=0.25, track_prediction=0.5, implicit_reliability=2.0,
+        adaptive_rho_error=0.25, track_prediction=0.5, implicit_reliability=2.0, random_stream=1,
         weak_feature="w", strong_feature="s", seed=7, lease_ttl_seconds=60.0,
     )  # fmt: skip
     assert all(getattr(config, n) != d for n, _, d in config_settings())
@@ -73,3 +73,12 @@ def test_a_stored_config_without_a_newer_setting_reads_with_its_default() -> Non
     del stored["capability_ema"]
     stored["setting_of_a_newer_version"] = 1
     assert ExperimentConfig.from_dict(stored) == ExperimentConfig(forgetting=0.3)
+
+
+def test_a_stored_config_without_random_stream_keeps_the_stream_it_was_created_with() -> None:
+    """New experiments draw in stream 2; those stored before it existed in stream 1."""
+    assert ExperimentConfig().random_stream == 2
+    stored = ExperimentConfig(seed=3).to_dict()
+    del stored["random_stream"]
+    assert ExperimentConfig.from_dict(stored) == ExperimentConfig(seed=3, random_stream=1)
+    assert ExperimentConfig.from_dict(ExperimentConfig(seed=3).to_dict()).random_stream == 2

@@ -60,6 +60,7 @@ class ExperimentConfig:
     adaptive_rho_error: float = 0.0
     track_prediction: float = 0.0
     implicit_reliability: float = 0.0
+    random_stream: int = 2
 
 
 @dataclass(frozen=True)

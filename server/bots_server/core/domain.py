@@ -41,9 +41,10 @@ class ExperimentConfig(EngineParams):
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ExperimentConfig:
         """A stored config; settings it lacks (added after it was stored) take
-        their defaults, which reproduce the behaviour from before they existed."""
-        known = {name for name, _, _ in config_settings()}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        their `before` values, which reproduce the behaviour from before they existed."""
+        known = {name: declared for name, declared, _ in config_settings()}
+        older = {name: d.before for name, d in known.items() if d.before is not None and name not in values}
+        return cls(**{k: v for k, v in values.items() if k in known}, **older)
 
 
 def config_settings() -> list[tuple[str, Setting, Any]]:

@@ -3,9 +3,9 @@ default, bounds and meaning.
 
 The declarations are the registry of settings: validation, the proto mapping
 and storage all iterate `settings()`, so a new setting is one field here (plus
-its proto field and the client's field), with no schema migration. A new
-setting's default must reproduce the behaviour of experiments stored before
-it existed: they are read back with it.
+its proto field and the client's field), with no schema migration.
+Experiments stored before a setting existed are read back with its `before`
+value, which must reproduce their behaviour; it is the default unless given.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from bots_server.engine.draws import NEWEST_STREAM, STREAMS
 
 
 @dataclass(frozen=True)
@@ -26,13 +28,16 @@ class Setting:
     low: float | None = None
     high: float | None = None
     low_open: bool = False  # low itself excluded
-    choices: Callable[[], tuple[str, ...]] | None = None
+    choices: Callable[[], tuple[Any, ...]] | None = None
+    # The value of experiments stored before the setting existed, where new
+    # experiments get a different default (random_stream).
+    before: Any = None
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is not allowed, or None."""
         if self.choices is not None:
             allowed = self.choices()
-            return None if value in allowed else f"is not one of {list(allowed)}"
+            return None if value in allowed and not isinstance(value, bool) else f"is not one of {list(allowed)}"
         if isinstance(value, str):
             return None
         if isinstance(value, bool) or not math.isfinite(value):
@@ -111,6 +116,13 @@ class EngineParams:
         "(the reference uses 0.25; 0: off)",
         low=0.0,
         high=1.0,
+    )
+    random_stream: int = setting(
+        NEWEST_STREAM,
+        "the random numbers of the Thompson draws (engine/draws.py): 1 draws the pool in one call, 2 in parts "
+        "drawn on several cores (the same numbers on any machine); experiments created before stream 2 keep 1",
+        choices=lambda: STREAMS,
+        before=1,
     )
     # Beyond the paper (docs/choosing-a-strategy.md): both read only the
     # posterior, the reference features and the capability, which checkpoints

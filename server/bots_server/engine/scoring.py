@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bots_server.engine.draws import beta_draws
 from bots_server.engine.params import EngineParams
 
 # Modes that score the posterior mean rather than a Beta draw, and modes that
@@ -23,7 +24,7 @@ def closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np
     if params.selection_mode in _MEAN_MODES:
         p = alpha / (alpha + beta)
     else:
-        p = rng.beta(alpha, beta)
+        p = beta_draws(rng, alpha, beta, params.random_stream)
     # -|p* - p| (then / tau + Gumbel) computed in place on the fresh array p:
     # the same operations per element as the expression, without temporaries.
     score = np.subtract(params.target_success, p, out=p)
