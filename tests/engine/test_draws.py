@@ -46,14 +46,18 @@ def test_stream_2_leaves_the_step_generator_where_it_was() -> None:
     np.testing.assert_array_equal(rng.random(4), step_rng(1, 2, "k").random(4))
 
 
-@pytest.mark.parametrize("threads", [1, 3, 8])
+@pytest.mark.parametrize("helpers", [0, 1, 3, 7])
 def test_stream_2_gives_the_same_numbers_on_any_number_of_threads(
-    threads: int, monkeypatch: pytest.MonkeyPatch
+    helpers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alpha, beta = posterior(70_000)
-    expected = draws.beta_draws(step_rng(3, 4, "key"), alpha, beta, 2)
-    with ThreadPoolExecutor(threads) as pool:
-        monkeypatch.setattr(draws, "_drawers", lambda: pool)
+    bounds = [i * 70_000 // 8 for i in range(9)]
+    expected = np.concatenate(
+        [g.beta(alpha[lo:hi], beta[lo:hi]) for g, lo, hi in zip(children_by_hand(3, 4, "key"), bounds, bounds[1:])]
+    )
+    with ThreadPoolExecutor(max(helpers, 1)) as pool:
+        monkeypatch.setattr(draws, "_helpers", lambda: pool)
+        monkeypatch.setattr(draws, "_HELPERS", helpers)
         np.testing.assert_array_equal(draws.beta_draws(step_rng(3, 4, "key"), alpha, beta, 2), expected)
 
 

@@ -16,6 +16,7 @@ where it was.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,13 +40,17 @@ def beta_draws(rng: np.random.Generator, alpha: np.ndarray, beta: np.ndarray, st
     bounds = part_bounds(n)
     children = rng.spawn(PARTS)
     out = np.empty(n)
+    parts = itertools.count()  # next() on it is atomic: each part is drawn once
 
-    def draw(part: int) -> None:
-        lo, hi = bounds[part], bounds[part + 1]
-        out[lo:hi] = children[part].beta(alpha[lo:hi], beta[lo:hi])
+    def draw_parts() -> None:
+        while (part := next(parts)) < PARTS:
+            lo, hi = bounds[part], bounds[part + 1]
+            out[lo:hi] = children[part].beta(alpha[lo:hi], beta[lo:hi])
 
-    for future in [_drawers().submit(draw, part) for part in range(PARTS)]:
-        future.result()
+    helpers = [_helpers().submit(draw_parts) for _ in range(_HELPERS)]
+    draw_parts()  # the calling thread draws too
+    for helper in helpers:
+        helper.result()
     return out
 
 
@@ -54,8 +59,11 @@ def part_bounds(n: int) -> list[int]:
     return [(i * n) // PARTS for i in range(PARTS + 1)]
 
 
+# Threads that draw parts besides the caller: one per further core this
+# process may use, shared by every experiment.
+_HELPERS = min(PARTS, len(os.sched_getaffinity(0))) - 1
+
+
 @functools.cache
-def _drawers() -> ThreadPoolExecutor:
-    """The threads that draw parts, one per core this process may use (at
-    most PARTS), shared by every experiment; created on first use."""
-    return ThreadPoolExecutor(max_workers=min(PARTS, len(os.sched_getaffinity(0))), thread_name_prefix="bots-draw")
+def _helpers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(_HELPERS, 1), thread_name_prefix="bots-draw")
