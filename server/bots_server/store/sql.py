@@ -675,15 +675,24 @@ class SqlStore(Store):
         # PostgreSQL a statement that waited for the lock reads with the
         # snapshot it started with, blind to what the holder committed.
         step = None if locked else conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
-        known = sorted(set(open_batches or ()))
-        checks = conn.execute(
-            _SELECT_CHECKS,
-            {"experiment_id": experiment_id, "request_key": batch.request_key, "now": now, "known": known},
-        ).one()
+        values = {
+            "experiment_id": experiment_id,
+            "request_key": batch.request_key,
+            "now": now,
+            "known": sorted(set(open_batches or ())),
+            "n_batch_id": batch.batch_id,
+            "n_step": batch.step,
+            "n_batch_size": len(batch.task_idx),
+            "n_create_time": batch.create_time,
+            "n_lease_expire_time": batch.lease_expire_time,
+            "n_tasks": pieces.pack_tasks(batch.task_idx),
+        }
+        checks, inserted = self._check_and_insert_batch(conn, values)
         if checks.existing is not None:
             existing = self._find_batch(conn, experiment_id, t.batches.c.batch_id == checks.existing)
             assert existing is not None
             return existing
+        # Past here a failed check raises, and the transaction rolls back what was inserted.
         if not locked and (step is None or step.step != batch.step):
             raise StaleStep()
         if step is not None and num_tasks is not None and step.num_tasks != num_tasks:
@@ -693,29 +702,15 @@ class SqlStore(Store):
         if open_batches is not None:
             # The caller chose among the tasks these batches leave free:
             # any other open batch (another replica's) voids the choice.
-            if not checks.open == checks.open_known == len(known):
+            if not checks.open == checks.open_known == len(set(open_batches)):
                 raise LeaseConflict()
         else:
             leased = {idx for open_batch in _read_open_batches(conn, experiment_id, now) for idx in open_batch.task_idx}
             if not leased.isdisjoint(batch.task_idx):
                 raise LeaseConflict()
-        conn.execute(
-            _INSERT_BATCH,
-            {
-                "experiment_id": experiment_id,
-                "batch_id": batch.batch_id,
-                "request_key": batch.request_key,
-                "step": batch.step,
-                "batch_size": len(batch.task_idx),
-                "create_time": batch.create_time,
-                "lease_expire_time": batch.lease_expire_time,
-                "reported_step": None,
-            },
-        )
-        conn.execute(
-            _INSERT_BATCH_TASKS,
-            {"experiment_id": experiment_id, "batch_id": batch.batch_id, "tasks": pieces.pack_tasks(batch.task_idx)},
-        )
+        if not inserted:
+            conn.execute(INSERT_BATCH, values)
+            conn.execute(INSERT_BATCH_TASKS, values)
         return None
 
     def _commit_report_in(
@@ -728,32 +723,24 @@ class SqlStore(Store):
         num_tasks: int | None,
     ) -> None:
         """commit_report's compare-and-set and writes in `conn`'s transaction."""
-        expected = {"experiment_id": experiment_id, "expected_step": expected_step, "new_step": event.step}
-        advance = _ADVANCE_STEP
-        if num_tasks is not None:
-            advance, expected["b_num_tasks"] = _ADVANCE_STEP_SAME_POOL, num_tasks
-        advanced = conn.execute(advance, expected).rowcount
+        values = {
+            "experiment_id": experiment_id,
+            "expected_step": expected_step,
+            "new_step": event.step,
+            "b_num_tasks": num_tasks,
+            "b_experiment_id": experiment_id,
+            "b_batch_id": event.batch_id,
+            "s_pool_size": event.pool_size,
+            "s_capability": event.capability,
+            "s_capability_estimate": event.capability_estimate,
+            "s_create_time": now,
+            "s_outcomes": pieces.pack_outcomes(event.task_idx, event.successes, event.trials),
+        }
+        advanced, marked = self._write_report(conn, values, same_pool=num_tasks is not None)
         if advanced != 1:
             raise StaleStep()
-        marked = conn.execute(
-            _MARK_REPORTED, {"b_experiment_id": experiment_id, "b_batch_id": event.batch_id, "new_step": event.step}
-        ).rowcount
         if marked != 1:
             raise BatchAlreadyReported()  # rolls the step back too
-        conn.execute(
-            _INSERT_STEP,
-            {
-                "experiment_id": experiment_id,
-                "step": event.step,
-                "batch_id": event.batch_id,
-                "pool_size": event.pool_size,
-                "capability": event.capability,
-                "capability_estimate": event.capability_estimate,
-                "create_time": now,
-            },
-        )
-        outcomes = pieces.pack_outcomes(event.task_idx, event.successes, event.trials)
-        conn.execute(_INSERT_OUTCOMES, {"experiment_id": experiment_id, "step": event.step, "outcomes": outcomes})
 
     def _next_pool_event(self, conn: Connection, experiment_id: int, seq: int) -> int:
         """Lock the experiment row and check that `seq` is its next pool
@@ -799,6 +786,28 @@ class SqlStore(Store):
         return SharesEvent(seq=seq, step=step, shares=dict(shares))
 
     # -- dialect hooks ---------------------------------------------------------
+
+    def _write_report(self, conn: Connection, values: Mapping[str, Any], same_pool: bool) -> tuple[int, int]:
+        """A report's writes in `conn`'s transaction: the experiments rows
+        whose step advanced (with `same_pool`, only if the pool size is
+        b_num_tasks) and the batches rows marked reported. The step's rows
+        are inserted only if both are 1. A dialect may do it in fewer round
+        trips."""
+        advanced = conn.execute(ADVANCE_STEP_SAME_POOL if same_pool else ADVANCE_STEP, values).rowcount
+        if advanced != 1:
+            return advanced, 0
+        marked = conn.execute(MARK_REPORTED, values).rowcount
+        if marked == 1:
+            conn.execute(INSERT_STEP, values)
+            conn.execute(INSERT_OUTCOMES, values)
+        return advanced, marked
+
+    def _check_and_insert_batch(self, conn: Connection, values: Mapping[str, Any]) -> tuple[Any, bool]:
+        """insert_batch's checks (SELECT_CHECKS) in `conn`'s transaction, and
+        whether the batch was inserted too: a dialect may insert it in the
+        same round trip when the request key has no batch yet, for the
+        caller to roll back if a check fails. Here: never."""
+        return conn.execute(SELECT_CHECKS, values).one(), False
 
     @abc.abstractmethod
     def _write_connection(self) -> AbstractContextManager[Connection]:
@@ -952,7 +961,7 @@ _OPEN_NOW = sa.and_(
 # What insert_batch checks after taking the lock, in one round trip: the
 # batch of the request key, the last pool events, and how many batches are
 # open and how many of those are among the `known` ones.
-_SELECT_CHECKS = sa.select(
+SELECT_CHECKS = sa.select(
     sa.select(t.batches.c.batch_id)
     .where(t.batches.c.experiment_id == _ID, t.batches.c.request_key == sa.bindparam("request_key"))
     .scalar_subquery()
@@ -965,14 +974,27 @@ _SELECT_CHECKS = sa.select(
     .scalar_subquery()
     .label("open_known"),
 )
-_INSERT_BATCH = t.batches.insert()
-_ADVANCE_STEP = (
+# (An INSERT's or UPDATE's parameters may not be named after the table's columns.)
+INSERT_BATCH = t.batches.insert().values(
+    experiment_id=_ID,
+    batch_id=sa.bindparam("n_batch_id"),
+    request_key=sa.bindparam("request_key"),
+    step=sa.bindparam("n_step"),
+    batch_size=sa.bindparam("n_batch_size"),
+    create_time=sa.bindparam("n_create_time"),
+    lease_expire_time=sa.bindparam("n_lease_expire_time"),
+    reported_step=None,
+)
+INSERT_BATCH_TASKS = t.batch_task_lists.insert().values(
+    experiment_id=_ID, batch_id=sa.bindparam("n_batch_id"), tasks=sa.bindparam("n_tasks")
+)
+ADVANCE_STEP = (
     t.experiments.update()
     .where(t.experiments.c.id == _ID, t.experiments.c.step == sa.bindparam("expected_step"))
     .values(step=sa.bindparam("new_step"))
 )
-# (An UPDATE's parameters may not be named after the table's columns.)
-_MARK_REPORTED = (
+ADVANCE_STEP_SAME_POOL = ADVANCE_STEP.where(t.experiments.c.num_tasks == sa.bindparam("b_num_tasks"))
+MARK_REPORTED = (
     t.batches.update()
     .where(
         t.batches.c.experiment_id == sa.bindparam("b_experiment_id"),
@@ -981,10 +1003,18 @@ _MARK_REPORTED = (
     )
     .values(reported_step=sa.bindparam("new_step"))
 )
-_ADVANCE_STEP_SAME_POOL = _ADVANCE_STEP.where(t.experiments.c.num_tasks == sa.bindparam("b_num_tasks"))
-_INSERT_STEP = t.steps.insert()
-_INSERT_OUTCOMES = t.step_outcomes.insert()
-_INSERT_BATCH_TASKS = t.batch_task_lists.insert()
+INSERT_STEP = t.steps.insert().values(
+    experiment_id=_ID,
+    step=sa.bindparam("new_step"),
+    batch_id=sa.bindparam("b_batch_id"),
+    pool_size=sa.bindparam("s_pool_size"),
+    capability=sa.bindparam("s_capability"),
+    capability_estimate=sa.bindparam("s_capability_estimate"),
+    create_time=sa.bindparam("s_create_time"),
+)
+INSERT_OUTCOMES = t.step_outcomes.insert().values(
+    experiment_id=_ID, step=sa.bindparam("new_step"), outcomes=sa.bindparam("s_outcomes")
+)
 
 
 def _read_pool_events(conn: Connection, experiment_id: int, after_seq: int) -> list[PoolEvent]:
