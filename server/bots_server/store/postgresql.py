@@ -3,7 +3,7 @@ bounded waits everywhere, COPY for bulk rows."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -12,6 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, Engine
 
+from bots_server.store import schema as t
+from bots_server.store import sql
 from bots_server.store.sql import SqlStore
 
 # pg_advisory_lock key ("bots" in ASCII): serializes schema upgrades, so that
@@ -49,6 +51,13 @@ class PostgresStore(SqlStore):
         with self._write() as conn:
             conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             yield conn
+
+    def _write_report(self, conn: Connection, values: Mapping[str, Any], same_pool: bool) -> tuple[int, int]:
+        row = conn.execute(_REPORT_SAME_POOL if same_pool else _REPORT, values).one()
+        return row.advanced, row.marked
+
+    def _check_and_insert_batch(self, conn: Connection, values: Mapping[str, Any]) -> tuple[Any, bool]:
+        return conn.execute(_CHECK_AND_INSERT_BATCH, values).one(), True
 
     def _snapshot(self, conn: Connection) -> None:
         conn.execution_options(isolation_level="REPEATABLE READ")
@@ -118,3 +127,51 @@ def _copy(conn: Connection, sql: str) -> Iterator[psycopg.Copy]:
             yield copy
     except psycopg.Error as e:
         raise exc.DBAPIError.instance(sql, None, e, psycopg.Error) from e
+
+
+# A report's writes and a select's checks and writes in one statement each
+# (data-modifying CTEs), rather than four and three round trips. Two
+# statements, not one: the report's UPDATE takes the experiment's row lock,
+# waiting for another replica's transaction if need be, and a statement
+# reads with the snapshot it started with; the checks must see what that
+# transaction committed, so they start after the lock is held.
+
+
+def _insert_where(table: sa.Table, values: Mapping[str, sa.BindParameter[Any]], condition: Any) -> sa.Insert:
+    """INSERT of one row of `values` if `condition` holds."""
+    return table.insert().from_select(list(values), sa.select(*values.values()).where(condition))
+
+
+def _report(advance: sa.Update) -> sa.Select[Any]:
+    """SqlStore._write_report's statements as one: (advanced, marked); the
+    step's rows are inserted only if the step advanced and the batch was marked."""
+    advanced = advance.returning(t.experiments.c.id).cte("advanced")
+    marked = sql.MARK_REPORTED.where(sa.exists(advanced.select())).returning(t.batches.c.batch_id).cte("marked")
+    is_marked = sa.exists(marked.select())
+    return sa.select(
+        sa.select(sa.func.count()).select_from(advanced).scalar_subquery().label("advanced"),
+        sa.select(sa.func.count()).select_from(marked).scalar_subquery().label("marked"),
+    ).add_cte(
+        _insert_where(t.steps, sql.STEP_VALUES, is_marked).cte("step"),
+        _insert_where(t.step_outcomes, sql.OUTCOMES_VALUES, is_marked).cte("outcomes"),
+    )
+
+
+_REPORT = _report(sql.ADVANCE_STEP)
+_REPORT_SAME_POOL = _report(sql.ADVANCE_STEP_SAME_POOL)
+
+
+def _check_and_insert_batch() -> sa.Select[Any]:
+    """SqlStore._check_and_insert_batch's checks, with the batch inserted if
+    its request key has none yet."""
+    checks = sql.SELECT_CHECKS.cte("checks")
+    no_batch_yet = sa.exists(sa.select(checks.c.existing).where(checks.c.existing.is_(None)))
+    inserted = _insert_where(t.batches, sql.BATCH_VALUES, no_batch_yet).returning(t.batches.c.batch_id).cte("inserted")
+    return (
+        sa.select(checks)
+        .add_cte(inserted)
+        .add_cte(_insert_where(t.batch_task_lists, sql.BATCH_TASKS_VALUES, sa.exists(inserted.select())).cte("tasks"))
+    )
+
+
+_CHECK_AND_INSERT_BATCH = _check_and_insert_batch()

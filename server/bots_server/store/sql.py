@@ -705,7 +705,8 @@ class SqlStore(Store):
             if not checks.open == checks.open_known == len(set(open_batches)):
                 raise LeaseConflict()
         else:
-            leased = {idx for open_batch in _read_open_batches(conn, experiment_id, now) for idx in open_batch.task_idx}
+            others = [b for b in _read_open_batches(conn, experiment_id, now) if b.batch_id != batch.batch_id]
+            leased = {idx for open_batch in others for idx in open_batch.task_idx}
             if not leased.isdisjoint(batch.task_idx):
                 raise LeaseConflict()
         if not inserted:
@@ -723,8 +724,8 @@ class SqlStore(Store):
         num_tasks: int | None,
     ) -> None:
         """commit_report's compare-and-set and writes in `conn`'s transaction."""
+        # No parameter named after a column of an updated table: SQLAlchemy would SET it.
         values = {
-            "experiment_id": experiment_id,
             "expected_step": expected_step,
             "new_step": event.step,
             "b_num_tasks": num_tasks,
@@ -974,23 +975,43 @@ SELECT_CHECKS = sa.select(
     .scalar_subquery()
     .label("open_known"),
 )
-# (An INSERT's or UPDATE's parameters may not be named after the table's columns.)
-INSERT_BATCH = t.batches.insert().values(
-    experiment_id=_ID,
-    batch_id=sa.bindparam("n_batch_id"),
-    request_key=sa.bindparam("request_key"),
-    step=sa.bindparam("n_step"),
-    batch_size=sa.bindparam("n_batch_size"),
-    create_time=sa.bindparam("n_create_time"),
-    lease_expire_time=sa.bindparam("n_lease_expire_time"),
-    reported_step=None,
+
+
+def _params(table: sa.Table, **names: str) -> dict[str, sa.BindParameter[Any]]:
+    """Column name -> a parameter of the column's type."""
+    return {column: sa.bindparam(name, type_=table.c[column].type) for column, name in names.items()}
+
+
+# The values of a new batch, of a step and of its outcomes (a dialect may insert them otherwise).
+BATCH_VALUES = _params(
+    t.batches,
+    experiment_id="experiment_id",
+    batch_id="n_batch_id",
+    request_key="request_key",
+    step="n_step",
+    batch_size="n_batch_size",
+    create_time="n_create_time",
+    lease_expire_time="n_lease_expire_time",
 )
-INSERT_BATCH_TASKS = t.batch_task_lists.insert().values(
-    experiment_id=_ID, batch_id=sa.bindparam("n_batch_id"), tasks=sa.bindparam("n_tasks")
+BATCH_TASKS_VALUES = _params(t.batch_task_lists, experiment_id="experiment_id", batch_id="n_batch_id", tasks="n_tasks")
+STEP_VALUES = _params(
+    t.steps,
+    experiment_id="b_experiment_id",
+    step="new_step",
+    batch_id="b_batch_id",
+    pool_size="s_pool_size",
+    capability="s_capability",
+    capability_estimate="s_capability_estimate",
+    create_time="s_create_time",
 )
+OUTCOMES_VALUES = _params(t.step_outcomes, experiment_id="b_experiment_id", step="new_step", outcomes="s_outcomes")
+INSERT_BATCH = t.batches.insert().values(BATCH_VALUES)
+INSERT_BATCH_TASKS = t.batch_task_lists.insert().values(BATCH_TASKS_VALUES)
+INSERT_STEP = t.steps.insert().values(STEP_VALUES)
+INSERT_OUTCOMES = t.step_outcomes.insert().values(OUTCOMES_VALUES)
 ADVANCE_STEP = (
     t.experiments.update()
-    .where(t.experiments.c.id == _ID, t.experiments.c.step == sa.bindparam("expected_step"))
+    .where(t.experiments.c.id == sa.bindparam("b_experiment_id"), t.experiments.c.step == sa.bindparam("expected_step"))
     .values(step=sa.bindparam("new_step"))
 )
 ADVANCE_STEP_SAME_POOL = ADVANCE_STEP.where(t.experiments.c.num_tasks == sa.bindparam("b_num_tasks"))
@@ -1003,19 +1024,6 @@ MARK_REPORTED = (
     )
     .values(reported_step=sa.bindparam("new_step"))
 )
-INSERT_STEP = t.steps.insert().values(
-    experiment_id=_ID,
-    step=sa.bindparam("new_step"),
-    batch_id=sa.bindparam("b_batch_id"),
-    pool_size=sa.bindparam("s_pool_size"),
-    capability=sa.bindparam("s_capability"),
-    capability_estimate=sa.bindparam("s_capability_estimate"),
-    create_time=sa.bindparam("s_create_time"),
-)
-INSERT_OUTCOMES = t.step_outcomes.insert().values(
-    experiment_id=_ID, step=sa.bindparam("new_step"), outcomes=sa.bindparam("s_outcomes")
-)
-
 
 def _read_pool_events(conn: Connection, experiment_id: int, after_seq: int) -> list[PoolEvent]:
     """Pool events after `after_seq`, by seq; a retirement's tasks ascending."""
