@@ -15,8 +15,9 @@ from tests.support.servers import create_pg_database, drop_pg_database, require_
 KILLS = 10  # per backend: 20 kill points in the suite; `make soak` (scripts/soak.py) runs many more
 # Enough steps, and kills close enough together, that all KILLS land before
 # the run ends however fast a step is (a 3000-task checkpoint is one value
-# since revision 0004, so a step with its checkpoint takes a few ms).
-STEPS, MAX_DELAY = 120, 0.15
+# since revision 0004, so a step with its checkpoint takes a few ms: with
+# kills up to 0.15 s apart, a fast machine once finished the 120 steps after 8).
+STEPS, MAX_DELAY = 120, 0.05
 
 
 class Loop(NamedTuple):

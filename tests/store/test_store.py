@@ -455,6 +455,16 @@ def test_insert_batch_checks_step_and_leases_under_the_lock(store: SqlStore) -> 
     assert stored.batch_id == "b4"
 
 
+def test_insert_batch_for_a_deleted_experiment_is_stale_and_writes_nothing(store: SqlStore) -> None:
+    """A replica whose copy outlived its experiment (deleted on another one)."""
+    experiment = experiment_with_tasks(store, "gone", 3)
+    assert store.delete_experiment(experiment)
+    before = count_rows(store)
+    with pytest.raises(StaleStep):
+        store.insert_batch(experiment, batch("b1", "r1", 0, [0]), NOW, open_batches=[], num_tasks=3)
+    assert count_rows(store) == before
+
+
 def test_insert_batch_given_the_open_batches_checks_them_exactly(store: SqlStore) -> None:
     # The caller chose among the tasks the batches it knows leave free: a
     # batch it does not know (another replica's) voids the choice even when

@@ -675,6 +675,8 @@ class SqlStore(Store):
         # PostgreSQL a statement that waited for the lock reads with the
         # snapshot it started with, blind to what the holder committed.
         step = None if locked else conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
+        if not locked and step is None:
+            raise StaleStep()  # deleted (and maybe created again): nothing may be inserted for it
         values = {
             "experiment_id": experiment_id,
             "request_key": batch.request_key,
@@ -693,7 +695,7 @@ class SqlStore(Store):
             assert existing is not None
             return existing
         # Past here a failed check raises, and the transaction rolls back what was inserted.
-        if not locked and (step is None or step.step != batch.step):
+        if step is not None and step.step != batch.step:
             raise StaleStep()
         if step is not None and num_tasks is not None and step.num_tasks != num_tasks:
             raise StaleStep()
