@@ -6,7 +6,7 @@ PARTS contiguous parts, part i from the i-th child of the step's generator
 (`Generator.spawn`), so that the parts can be drawn on several cores at once:
 numpy releases the GIL inside a draw. A smaller pool is drawn as stream 1
 draws it. The numbers depend only on the generator and the pool size, never
-on how many threads draw them (tests/engine/test_draws.py).
+on how many threads draw them (tests/engine/test_engine_draws.py).
 
 In stream 2 the step's generator draws nothing for a parted pool (spawning
 does not move it): what it draws next (ties at the cut, Gumbel noise) starts
@@ -15,12 +15,9 @@ where it was.
 
 from __future__ import annotations
 
-import functools
-import itertools
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
+
+from bots_server.engine import parallel
 
 STREAMS = (1, 2)
 NEWEST_STREAM = 2
@@ -40,30 +37,15 @@ def beta_draws(rng: np.random.Generator, alpha: np.ndarray, beta: np.ndarray, st
     bounds = part_bounds(n)
     children = rng.spawn(PARTS)
     out = np.empty(n)
-    parts = itertools.count()  # next() on it is atomic: each part is drawn once
 
-    def draw_parts() -> None:
-        while (part := next(parts)) < PARTS:
-            lo, hi = bounds[part], bounds[part + 1]
-            out[lo:hi] = children[part].beta(alpha[lo:hi], beta[lo:hi])
+    def draw(part: int) -> None:
+        lo, hi = bounds[part], bounds[part + 1]
+        out[lo:hi] = children[part].beta(alpha[lo:hi], beta[lo:hi])
 
-    helpers = [_helpers().submit(draw_parts) for _ in range(_HELPERS)]
-    draw_parts()  # the calling thread draws too
-    for helper in helpers:
-        helper.result()
+    parallel.run_parts(PARTS, draw)
     return out
 
 
 def part_bounds(n: int) -> list[int]:
     """Where the parts of an n-task draw start, and n: part i is [b[i], b[i + 1])."""
     return [(i * n) // PARTS for i in range(PARTS + 1)]
-
-
-# Threads that draw parts besides the caller: one per further core this
-# process may use, shared by every experiment.
-_HELPERS = min(PARTS, len(os.sched_getaffinity(0))) - 1
-
-
-@functools.cache
-def _helpers() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=max(_HELPERS, 1), thread_name_prefix="bots-draw")

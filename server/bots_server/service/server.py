@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import faulthandler
 import logging
+import math
 import os
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,6 +28,7 @@ from bots_client.proto import bots_pb2
 from bots_server import tracing
 from bots_server.core.quotas import Quotas, StreamBounds
 from bots_server.core.selector import CheckpointPolicy, SelectorService
+from bots_server.engine import parallel
 from bots_server.metrics import Metrics
 from bots_server.service import handlers, tls
 from bots_server.service.auth import AuthInterceptor
@@ -63,11 +66,31 @@ def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCrede
     return port
 
 
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on, or fewer under a cgroup CPU quota
+    (a container's CPU limit): v2's cpu.max, else v1's cfs quota."""
+    cores = len(os.sched_getaffinity(0))
+    quota = period = 0.0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = (cgroup / "cpu.max").read_text().split()
+        if fields[0] != "max":
+            quota, period = float(fields[0]), float(fields[1])
+    if not quota:
+        with contextlib.suppress(OSError, ValueError):
+            v1 = cgroup / "cpu"
+            quota = float((v1 / "cpu.cfs_quota_us").read_text())
+            period = float((v1 / "cpu.cfs_period_us").read_text())
+    if quota > 0 and period > 0:
+        return max(1, min(cores, math.ceil(quota / period)))
+    return cores
+
+
 class BotsServer:
     """A running server. `port` is the bound port (useful with port 0)."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        parallel.use_cores(usable_cores())
         self.metrics = Metrics(version=bots_server.__version__)
         self.credentials_file, credentials = _credentials(settings)
         self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)

@@ -5,12 +5,13 @@ stream 1 is one draw over the pool."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from bots_server.engine import EngineParams, draws, select, step_rng
+from bots_server.engine import EngineParams, draws, parallel, select, step_rng
 
 
 def posterior(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -46,19 +47,22 @@ def test_stream_2_leaves_the_step_generator_where_it_was() -> None:
     np.testing.assert_array_equal(rng.random(4), step_rng(1, 2, "k").random(4))
 
 
-@pytest.mark.parametrize("helpers", [0, 1, 3, 7])
-def test_stream_2_gives_the_same_numbers_on_any_number_of_threads(
-    helpers: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(params=[0, 1, 3, 7], ids=lambda h: f"{h}-helpers")
+def helpers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The engine's parts run on the caller and this many helper threads."""
+    with ThreadPoolExecutor(max(request.param, 1)) as pool:
+        monkeypatch.setattr(parallel, "_helpers", lambda: pool)
+        monkeypatch.setattr(parallel, "HELPERS", request.param)
+        yield request.param
+
+
+def test_stream_2_gives_the_same_numbers_on_any_number_of_threads(helpers: int) -> None:
     alpha, beta = posterior(70_000)
     bounds = [i * 70_000 // 8 for i in range(9)]
     expected = np.concatenate(
         [g.beta(alpha[lo:hi], beta[lo:hi]) for g, lo, hi in zip(children_by_hand(3, 4, "key"), bounds, bounds[1:])]
     )
-    with ThreadPoolExecutor(max(helpers, 1)) as pool:
-        monkeypatch.setattr(draws, "_helpers", lambda: pool)
-        monkeypatch.setattr(draws, "_HELPERS", helpers)
-        np.testing.assert_array_equal(draws.beta_draws(step_rng(3, 4, "key"), alpha, beta, 2), expected)
+    np.testing.assert_array_equal(draws.beta_draws(step_rng(3, 4, "key"), alpha, beta, 2), expected)
 
 
 def test_below_the_parted_size_both_streams_are_one_draw() -> None:
