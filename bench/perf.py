@@ -79,6 +79,7 @@ class PerfConfig:
     history_batches: tuple[int, ...] = (0, 1000, 5000)
     contention_seconds: float = 8.0
     repeats: int = 3  # interleaved runs per backend and pool
+    interleaved_server_args: tuple[str, ...] = ()  # extra flags of the interleaved run's server
 
     def steps_for(self, pool: int) -> int:
         table = dict(self.steps)
@@ -223,7 +224,7 @@ def interleaved_run(backend: str, url: str, n: int, cfg: PerfConfig) -> dict[str
     the server's CPU seconds per step of each kind."""
     import bots_client
 
-    server = common.server_process(url).start()
+    server = common.server_process(url, cfg.interleaved_server_args).start()
     engine = EngineStep(n, cfg.batch_size)
     rng = np.random.default_rng(2)
     separate, combined = f"inter-{n}", f"inter-combined-{n}"
@@ -1265,6 +1266,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--throughput-seconds", type=float, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="interleaved runs per backend and pool (default 3)")
     parser.add_argument(
+        "--interleaved-server-args",
+        default=None,
+        help='flags of the interleaved run\'s server, e.g. "--checkpoint-every-steps 100000" (no checkpoint in the run)',
+    )
+    parser.add_argument(
         "--throughput-levels", default=None, help="comma-separated concurrent experiments (default 1,8,64)"
     )
     parser.add_argument(
@@ -1331,6 +1337,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, throughput_seconds=args.throughput_seconds)
     if args.repeats:
         cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    if args.interleaved_server_args:
+        cfg = dataclasses.replace(cfg, interleaved_server_args=tuple(args.interleaved_server_args.split()))
     if args.throughput_levels:
         cfg = dataclasses.replace(cfg, throughput_levels=tuple(int(x) for x in args.throughput_levels.split(",")))
     if args.throughput_replicas:
