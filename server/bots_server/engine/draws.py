@@ -24,8 +24,8 @@ NEWEST_STREAM = 2
 # Parts of a stream 2 draw: a fixed number, so that the numbers are the same
 # on a machine of any size; enough for 8 cores.
 PARTS = 8
-# Below this many tasks a draw takes a few tenths of a millisecond, about
-# what handing parts to threads costs.
+# A smaller pool's draw is short (about 0.4 ms at 10k tasks on the
+# benchmarks' machine): parts would save little of it.
 PARTED_MIN_TASKS = 32768
 
 
