@@ -34,9 +34,9 @@ class CheckpointPolicy:
 # A background checkpoint rests this long after each chunk (1 MiB) it
 # writes: the database's work on a large checkpoint then does not take a
 # core from the steps running meanwhile all at once (at 1M tasks on 2 cores,
-# p99 / p50 of a step 1.9 without, 1.5 with; docs/benchmarks.md, sixth
-# pass). It adds about 0.6 s to a 1M-task checkpoint. The checkpoints of a
-# graceful stop do not rest.
+# a step's p99 fell in each of two alternating pairs; docs/benchmarks.md,
+# sixth pass). It adds about 0.6 s to a 1M-task checkpoint. The checkpoints
+# of a graceful stop do not rest.
 CHUNK_PAUSE_S = 0.02
 
 # Steps one compaction transaction covers: bounds how long it holds the
