@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import time
 
@@ -30,14 +29,6 @@ class CheckpointPolicy:
     # before it (docs/design-compaction.md); 0 keeps every event.
     event_retention_steps: int = 0
 
-
-# A background checkpoint rests this long after each chunk (1 MiB) it
-# writes: the database's work on a large checkpoint then does not take a
-# core from the steps running meanwhile all at once (at 1M tasks on 2 cores,
-# a step's p99 fell in each of two alternating pairs; docs/benchmarks.md,
-# sixth pass). It adds about 0.6 s to a 1M-task checkpoint. The checkpoints
-# of a graceful stop do not rest.
-CHUNK_PAUSE_S = 0.02
 
 # Steps one compaction transaction covers: bounds how long it holds the
 # write lock (SQLite) and how many rows it deletes at once.
@@ -80,7 +71,7 @@ class Checkpoints:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _write(self, live: LiveExperiment, paced: bool = True) -> None:
+    async def _write(self, live: LiveExperiment) -> None:
         state, step = live.state, live.step  # one consistent pair: both change together
         if step <= live.checkpoint_step:
             return
@@ -89,10 +80,7 @@ class Checkpoints:
         try:
             blob = await runtime.run(encode_state, state)
             size = len(blob)
-            pause = functools.partial(time.sleep, CHUNK_PAUSE_S) if paced else None
-            await runtime.db(
-                runtime.store.write_checkpoint, live.id, step, state.num_tasks, blob, runtime.clock(), pause
-            )
+            await runtime.db(runtime.store.write_checkpoint, live.id, step, state.num_tasks, blob, runtime.clock())
         except Exception:
             log.exception("checkpoint failed", extra={"experiment": live.name, "step": step})
             return
@@ -145,4 +133,4 @@ class Checkpoints:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         for live in list(self.runtime.live.values()):
-            await self._write(live, paced=False)
+            await self._write(live)

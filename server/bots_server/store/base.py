@@ -217,15 +217,7 @@ class Store(abc.ABC):
         Idempotent; of two racing calls one moves the horizon."""
 
     @abc.abstractmethod
-    def write_checkpoint(
-        self,
-        experiment_id: int,
-        step: int,
-        num_tasks: int,
-        state: bytes,
-        now: dt.datetime,
-        between_chunks: Callable[[], None] | None = None,
-    ) -> bool:
+    def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
         """Replace the experiment's checkpoint with `state`, the state of
         tasks 0..num_tasks-1 at `step` (bytes the store does not interpret;
         the core writes checkpoint_blob.py's format). Written in chunks of
@@ -237,8 +229,6 @@ class Store(abc.ABC):
         False, and nothing written, if a checkpoint at or after `step` exists
         already. Concurrent writers of one experiment's checkpoint are
         serialized: the newest step wins, an older one never overwrites it.
-        `between_chunks` is called after each chunk but the last: a writer in
-        the background paces itself with it.
         """
 
     # -- batches and reports ---------------------------------------------------

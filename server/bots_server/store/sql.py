@@ -555,15 +555,7 @@ class SqlStore(Store):
         return Compacted(target, steps, batches)
 
     @_translate_errors
-    def write_checkpoint(
-        self,
-        experiment_id: int,
-        step: int,
-        num_tasks: int,
-        state: bytes,
-        now: dt.datetime,
-        between_chunks: Callable[[], None] | None = None,
-    ) -> bool:
+    def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
         # The chunks of a new version first, each in its own transaction (so
         # SQLite's write lock is held for one chunk at a time, not for the
         # whole value), then one small transaction that makes the version
@@ -577,8 +569,6 @@ class SqlStore(Store):
             return False
         version, size = _new_version(), pieces.chunk_bytes(state)
         for seq, data in enumerate(pieces.chunks(state, size)):
-            if seq > 0 and between_chunks is not None:
-                between_chunks()
             with self._chunk_write() as conn:
                 _insert_chunk(conn, experiment_id, version, seq, step, data)
         self._settle_chunks()
