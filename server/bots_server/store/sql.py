@@ -677,11 +677,12 @@ class SqlStore(Store):
         step = None if locked else conn.execute(self._locked_step, {"experiment_id": experiment_id}).one_or_none()
         if not locked and step is None:
             raise StaleStep()  # deleted (and maybe created again): nothing may be inserted for it
+        known = sorted(set(open_batches or ()))
         values = {
             "experiment_id": experiment_id,
             "request_key": batch.request_key,
             "now": now,
-            "known": sorted(set(open_batches or ())),
+            "known": known,
             "n_batch_id": batch.batch_id,
             "n_step": batch.step,
             "n_batch_size": len(batch.task_idx),
@@ -704,7 +705,7 @@ class SqlStore(Store):
         if open_batches is not None:
             # The caller chose among the tasks these batches leave free:
             # any other open batch (another replica's) voids the choice.
-            if not checks.open == checks.open_known == len(set(open_batches)):
+            if not checks.open == checks.open_known == len(known):
                 raise LeaseConflict()
         else:
             others = [b for b in _read_open_batches(conn, experiment_id, now) if b.batch_id != batch.batch_id]
