@@ -20,7 +20,7 @@ from bots_server.engine.params import EngineParams
 from bots_server.store import checkpoint_blob
 
 
-def encode_state(state: PosteriorState) -> bytes:
+def encode_state(state: PosteriorState) -> memoryview:
     """The whole state as one value. Reads the arrays only (they are never
     changed in place), so it may run off the experiment's lock."""
     arrays: dict[str, np.ndarray] = {}

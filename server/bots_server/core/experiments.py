@@ -167,7 +167,7 @@ class Experiments:
         return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups)
 
 
-def restored_state(data: RestoreData) -> bytes:
+def restored_state(data: RestoreData) -> memoryview:
     """The checkpoint of a restored experiment: the snapshot's posterior, the
     reference pass rates its features give under its config, and every other
     field of the state at its starting value."""

@@ -217,7 +217,9 @@ class Store(abc.ABC):
         Idempotent; of two racing calls one moves the horizon."""
 
     @abc.abstractmethod
-    def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
+    def write_checkpoint(
+        self, experiment_id: int, step: int, num_tasks: int, state: bytes | memoryview, now: dt.datetime
+    ) -> bool:
         """Replace the experiment's checkpoint with `state`, the state of
         tasks 0..num_tasks-1 at `step` (bytes the store does not interpret;
         the core writes checkpoint_blob.py's format). Written in chunks of

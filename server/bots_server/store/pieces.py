@@ -21,16 +21,17 @@ CHUNK_BYTES = 1 << 20
 KEY_BLOCK_TASKS = 1 << 16
 
 
-def chunk_bytes(state: bytes) -> int:
+def chunk_bytes(state: bytes | memoryview) -> int:
     """The chunk size for `state`: CHUNK_BYTES, or more if the value's header
     is longer (the view reads the header from the first chunk alone)."""
     return max(CHUNK_BYTES, (checkpoint_blob.data_start(state) + 7) // 8 * 8)
 
 
-def chunks(state: bytes, size: int) -> Iterator[bytes]:
+def chunks(state: bytes | memoryview, size: int) -> Iterator[memoryview]:
+    """The value's chunks, as views: the drivers take them without a copy."""
     view = memoryview(state)
     for start in range(0, len(view), size):
-        yield bytes(view[start : start + size])
+        yield view[start : start + size]
 
 
 def join_texts(values: Sequence[str]) -> bytes:

@@ -138,7 +138,7 @@ class ExperimentCopy:
     step: int
     capability: float | None  # returned in the new experiment's row
     num_tasks: int
-    state: bytes  # its checkpoint: the state of its num_tasks tasks at `step`
+    state: bytes | memoryview  # its checkpoint: the state of its num_tasks tasks at `step`
     forked_from: str
     # Tasks: either copied row by row from an experiment in this database
     # (source_id, the first num_tasks tasks) or given (keys and features).

@@ -555,7 +555,9 @@ class SqlStore(Store):
         return Compacted(target, steps, batches)
 
     @_translate_errors
-    def write_checkpoint(self, experiment_id: int, step: int, num_tasks: int, state: bytes, now: dt.datetime) -> bool:
+    def write_checkpoint(
+        self, experiment_id: int, step: int, num_tasks: int, state: bytes | memoryview, now: dt.datetime
+    ) -> bool:
         # The chunks of a new version first, each in its own transaction (so
         # SQLite's write lock is held for one chunk at a time, not for the
         # whole value), then one small transaction that makes the version
@@ -884,7 +886,7 @@ def _new_version() -> int:
     return secrets.randbits(62) + 1
 
 
-def _insert_chunk(conn: Connection, experiment_id: int, version: int, seq: int, step: int, data: bytes) -> None:
+def _insert_chunk(conn: Connection, experiment_id: int, version: int, seq: int, step: int, data: memoryview) -> None:
     conn.execute(
         t.checkpoint_chunks.insert().values(experiment_id=experiment_id, version=version, seq=seq, step=step, data=data)
     )

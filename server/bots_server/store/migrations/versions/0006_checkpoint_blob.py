@@ -131,7 +131,7 @@ def upgrade() -> None:
 
 def _old_checkpoint(
     conn: sa.Connection, experiment_id: int, num_tasks: int, capability: float | None, config: dict
-) -> bytes:
+) -> memoryview:
     """A per-row checkpoint as one value, holding what a rebuild read with it."""
     rows = conn.execute(
         sa.select(_posteriors.c.alpha, _posteriors.c.beta)
