@@ -92,3 +92,17 @@ def test_arrays_sit_where_the_header_says_little_endian() -> None:
     assert struct.unpack_from("<3d", blob, offset) == (1.5, -2.25, 0.1)
     assert content.arrays["alpha"].dtype.str == "<f8" and content.arrays["flags"].tolist() == [True, False, True]
     assert content.scalars == {"n": 7, "on": True}
+
+
+def test_a_strided_array_is_stored_c_ordered_and_the_padding_is_zero() -> None:
+    """The encode copies each array into place: a view with strides (a
+    column slice) is written as its C-ordered values, and the bytes padding
+    an array to 8 are zero, as the format says."""
+    grid = np.arange(12.0).reshape(3, 4)[:, ::2]  # not contiguous
+    flags = np.array([True, True, False])
+    blob = checkpoint_blob.encode(3, {"flags": flags, "grid": grid}, {})
+    (header_length,) = struct.unpack_from("<I", blob, 8)
+    start = 12 + header_length
+    assert bytes(blob[start : start + 8]) == b"\x01\x01\x00" + bytes(5)
+    assert struct.unpack_from("<6d", blob, start + 8) == (0.0, 2.0, 4.0, 6.0, 8.0, 10.0)
+    assert checkpoint_blob.decode(blob).arrays["grid"].tolist() == [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]
