@@ -70,8 +70,6 @@ def encode(num_tasks: int, arrays: Mapping[str, np.ndarray], scalars: Mapping[st
     _PREFIX.pack_into(blob, 0, MAGIC, VERSION, len(text))
     blob[_PREFIX.size : data_start] = text
     for name, a in arrays.items():
-        if a.size == 0:
-            continue
         place = np.frombuffer(blob, dtype=stored[name], count=a.size, offset=data_start + offsets[name])
         np.copyto(place.reshape(a.shape), a, casting="equiv")
     return blob
