@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from bots_client import _convert
@@ -161,7 +162,7 @@ def report_and_select(
     return _convert.report_from_proto(response.report), _convert.batch_from_proto(response.batch)
 
 
-def _add_outcomes(field: Any, outcomes: Mapping[str, OutcomeValue]) -> None:
+def _add_outcomes(field: RepeatedCompositeFieldContainer[pb.Outcome], outcomes: Mapping[str, OutcomeValue]) -> None:
     # add() builds each message in place; messages built apart and then
     # extended in are copied again (twice the time for a batch of 256).
     add = field.add
