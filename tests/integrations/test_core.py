@@ -3,14 +3,17 @@ real server."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
+import time
 
 import pytest
 
 import bots_client
 from bots_client.integrations import Curriculum, aggregate_outcomes, merge_outcomes
+from bots_client.integrations._core import UnattributedOutcomesError
 from tests.integrations.conftest import EXACT, counts
 
 
@@ -58,12 +61,12 @@ def test_setup_creates_adds_tasks_with_features_and_reattaches(client: bots_clie
     assert batch.number == 0 and batch.request_key == "step-0" and len(batch.keys) == 4
     assert [keys[i] for i in batch.indices] == list(batch.keys)
     assert client.get_experiment(exp_name).num_tasks == 10
-    # A second curriculum (a restarted trainer) attaches without adding again,
-    # and the same batch number gives the same batch.
-    again = Curriculum(client.target, exp_name, keys, batch_size=4, config=config, features=features)
+    # A second curriculum (a restarted trainer, saying it resumes) attaches
+    # without adding again, and the same batch number gives the same batch.
+    again = Curriculum(client.target, exp_name, keys, batch_size=4, config=config, features=features, resume=True)
     assert again.select(0) == batch
     # A dataset that grew: the missing tasks are added.
-    grown = Curriculum(client, exp_name, keys + ["k10", "k11"], batch_size=4)
+    grown = Curriculum(client, exp_name, keys + ["k10", "k11"], batch_size=4, resume=True)
     grown.ensure_ready()
     assert client.get_experiment(exp_name).num_tasks == 12
 
@@ -117,6 +120,9 @@ def test_non_strict_report_drops_strays_and_non_reporter_never_calls(
         cur.report({batch.keys[0]: (1, 2), "k-unknown": (1, 2)}, strict=False)
     assert "no open batch" in caplog.text
     assert client.get_experiment(exp_name).step == 1
+    # What a lenient report drops is counted, and the count reaches the signals.
+    assert cur.dropped_outcomes == 1 and cur.last_signals is not None
+    assert cur.last_signals.as_dict()["curriculum/dropped_outcomes"] == 1.0
     other = Curriculum(client, exp_name, keys, batch_size=2, rank=1, world_size=2)
     b = other.select(1)
     assert other.report(dict.fromkeys(b.keys, (1, 2))) == []
@@ -133,13 +139,67 @@ def test_replayed_batch_after_a_crash_keeps_the_first_report(
     before.report(dict.fromkeys(batch.keys, (2, 2)))
     # The trainer crashed before its checkpoint: the restarted one replays
     # batch 0 (same request key -> same batch) with new rollouts.
-    after = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    after = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT, resume=True)
     assert after.select(0).batch_id == batch.batch_id
     with caplog.at_level(logging.WARNING, logger="bots_client.integrations"):
         assert after.report(dict.fromkeys(batch.keys, (0, 2))) == []
     assert "already reported" in caplog.text
     assert client.get_experiment(exp_name).step == 1
     assert all(counts(client, exp_name)[k] == (2.0, 0.0) for k in batch.keys)
+
+
+def test_a_new_run_never_lands_in_an_old_experiment(client: bots_client.Client, exp_name: str) -> None:
+    keys = [f"k{i}" for i in range(6)]
+    first = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    first.report(dict.fromkeys(first.select().keys, (1, 2)))
+    # Another config under the same name: refused, resuming or not.
+    for resume in (False, True):
+        other = dataclasses.replace(EXACT, rollouts_per_task=8)
+        with pytest.raises(bots_client.ConfigMismatchError, match="rollouts_per_task: requested 8, existing 16"):
+            Curriculum(client, exp_name, keys, batch_size=2, config=other, resume=resume).ensure_ready()
+    # The same config, or none, but a run that did not say it continues: refused.
+    for config in (EXACT, None):
+        with pytest.raises(bots_client.ExperimentInUseError, match="1 reported steps.*resume=True"):
+            Curriculum(client, exp_name, keys, batch_size=2, config=config).ensure_ready()
+    assert client.get_experiment(exp_name).step == 1  # nothing was drawn or reported
+    # Continuing is explicit: the flag, or a checkpoint's state.
+    Curriculum(client, exp_name, keys, batch_size=2, config=EXACT, resume=True).ensure_ready()
+    resumed = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    assert resumed.resume_number(first.resume_state(1), 1) == 1
+    assert resumed.select(1).number == 1
+
+
+def test_a_task_in_two_open_batches_never_mixes_their_outcomes(client: bots_client.Client, exp_name: str) -> None:
+    keys = [f"k{i}" for i in range(5)]
+    # A short lease: batch 0's tasks are free again while it is still open here.
+    config = dataclasses.replace(EXACT, lease_ttl_seconds=0.5)
+    cur = Curriculum(client, exp_name, keys, batch_size=4, config=config)
+    b0 = cur.select()
+    time.sleep(1.0)
+    b1 = cur.select()
+    shared = set(b0.keys) & set(b1.keys)
+    assert len(shared) >= 3  # 4 of 5 tasks twice: at least 3 in both
+    # Batch 0's rollouts, reported without naming the batch: only batch 0
+    # holds all their keys, so all of them go there.
+    cur.report(dict.fromkeys(b0.keys, (2.0, 2)))
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (1, 1) and cur.open_batches == [b1]  # batch 1 untouched
+    # A part of batch 1 that batch 0 also held is ambiguous once batch 0 is
+    # open again; nothing is sent.
+    again = cur.select(0)
+    assert again.batch_id == b0.batch_id
+    part = dict.fromkeys(shared, (0.0, 2))
+    with pytest.raises(UnattributedOutcomesError, match="several open batches"):
+        cur.report(part)
+    # Naming the batch settles it; a key outside the named batch is refused.
+    outside = next(k for k in keys if k not in b1.keys)
+    with pytest.raises(UnattributedOutcomesError, match="not in batch 1"):
+        cur.report({**part, outside: (1.0, 2)}, batch=b1)
+    assert client.get_experiment(exp_name).step == 1
+    cur.report(dict.fromkeys(b1.keys, (0.0, 2)), batch=b1.number)
+    got = counts(client, exp_name)
+    for key in keys:
+        assert got[key] == ((2.0 if key in b0.keys else 0.0), (2.0 if key in b1.keys else 0.0)), key
 
 
 def test_curriculum_pickles_without_its_channel(client: bots_client.Client, exp_name: str) -> None:

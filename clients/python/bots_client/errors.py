@@ -45,6 +45,14 @@ class ConfigMismatchError(FailedPreconditionError):
     client, not mapped from a status code."""
 
 
+class ExperimentInUseError(FailedPreconditionError):
+    """A new training run found its experiment name already in use by a run
+    that made progress (reported steps or open batches) and did not say it
+    resumes it. Raised by the trainer integrations, not mapped from a status
+    code: pass `resume=True` (or load the run's checkpoint) to continue that
+    experiment, or name a new one."""
+
+
 class UnavailableError(BotsError):
     """The server or its database is unreachable; raised after retries ran out."""
 

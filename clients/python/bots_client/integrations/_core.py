@@ -22,9 +22,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bots_client._calls import config_differences
 from bots_client.client import Client
 from bots_client.connection import Connection
-from bots_client.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
+from bots_client.errors import (
+    AlreadyExistsError,
+    ConfigMismatchError,
+    ExperimentInUseError,
+    FailedPreconditionError,
+    NotFoundError,
+)
 from bots_client.types import ExperimentConfig, ReportResult, Task
 
 log = logging.getLogger("bots_client.integrations")
@@ -34,6 +41,14 @@ OutcomeMap = dict[str, tuple[float, int]]
 # Batches drawn but not reported that a Curriculum keeps track of; older ones
 # are forgotten (on the server their leases simply expire).
 MAX_OPEN_BATCHES = 64
+
+
+class UnattributedOutcomesError(ValueError):
+    """Reported outcomes that cannot be filed under the batch their rollouts
+    came from: a task in no open batch of this run (reported already, never
+    drawn, or drawn so long ago that the batch was forgotten), in several
+    open batches with nothing to tell them apart, or outside the batch the
+    report named. Raised before anything is sent, so nothing is half-applied."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,9 @@ class CurriculumSignals:
     the service's capability estimate once it has one, and `posterior_mean`
     the mean of the batch's tasks' posterior means after the report (only
     when the Curriculum was asked for it: it costs a snapshot per report).
+    `dropped_outcomes` counts the task outcomes this process has dropped so
+    far because they could not be attributed (only a lenient curriculum,
+    `strict=False`, drops instead of raising).
     """
 
     step: int
@@ -55,6 +73,7 @@ class CurriculumSignals:
     informative: float
     capability: float | None = None
     posterior_mean: float | None = None
+    dropped_outcomes: int = 0
 
     def as_dict(self, prefix: str = "curriculum/") -> dict[str, float]:
         """Scalars to log (None values left out), named `prefix + field`."""
@@ -64,12 +83,17 @@ class CurriculumSignals:
             "informative_fraction": self.informative,
             "capability": self.capability,
             "posterior_mean": self.posterior_mean,
+            "dropped_outcomes": self.dropped_outcomes,
         }
         return {prefix + k: float(v) for k, v in values.items() if v is not None}
 
 
 def batch_signals(
-    number: int, result: ReportResult, outcomes: Mapping[str, tuple[float, int]], posterior_mean: float | None = None
+    number: int,
+    result: ReportResult,
+    outcomes: Mapping[str, tuple[float, int]],
+    posterior_mean: float | None = None,
+    dropped_outcomes: int = 0,
 ) -> CurriculumSignals:
     successes = sum(float(s) for s, _ in outcomes.values())
     trials = sum(int(n) for _, n in outcomes.values())
@@ -82,6 +106,7 @@ def batch_signals(
         informative=informative / len(outcomes) if outcomes else 0.0,
         capability=result.capability,
         posterior_mean=posterior_mean,
+        dropped_outcomes=dropped_outcomes,
     )
 
 
@@ -190,6 +215,15 @@ class Curriculum:
         posterior_means: include the batch's mean posterior mean in the
             signals passed to listeners (one snapshot of the experiment per
             report: leave it off for large pools).
+        resume: this run continues the experiment (a restart without a
+            checkpoint). Without it, an experiment that already has reported
+            steps or open batches raises ExperimentInUseError at setup, so a
+            new run never lands in an old one by accident; loading a
+            checkpoint's state (`resume_number`) sets it.
+        strict: outcomes that cannot be attributed to the batch they came
+            from raise UnattributedOutcomesError (default). With
+            strict=False they are dropped, logged and counted
+            (`dropped_outcomes`, also in every CurriculumSignals).
     """
 
     def __init__(
@@ -208,6 +242,8 @@ class Curriculum:
         report_rank: int = 0,
         setup_timeout: float = 300.0,
         posterior_means: bool = False,
+        resume: bool = False,
+        strict: bool = True,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -246,7 +282,6 @@ class Curriculum:
             self._client = client
         self._lock = threading.Lock()
         self._open: dict[str, SelectedBatch] = {}
-        self._key_batch: dict[str, str] = {}
         self._ready = False
         self.next_number = 0
         # The server step of the last report acknowledged to this process (the
@@ -255,6 +290,9 @@ class Curriculum:
         # before the checkpoint the server never received.
         self.acknowledged_step: int | None = None
         self.posterior_means = posterior_means
+        self.resume = bool(resume)
+        self.strict = bool(strict)
+        self.dropped_outcomes = 0
         self.listeners: list[Callable[[CurriculumSignals], None]] = []
         self.last_signals: CurriculumSignals | None = None
 
@@ -308,7 +346,7 @@ class Curriculum:
                 client.create_experiment(self.experiment, self.config)
                 log.info("created experiment %r", self.experiment)
             except AlreadyExistsError:
-                pass
+                pass  # checked below: same config, and fresh unless this run resumes it
         try:
             exp = client.get_experiment(self.experiment)
         except NotFoundError:
@@ -316,6 +354,17 @@ class Curriculum:
                 f"experiment {self.experiment!r} does not exist on {client.target}; "
                 "create it first or pass config= to create it"
             ) from None
+        if self.config is not None and (differences := config_differences(self.config, exp.config)):
+            raise ConfigMismatchError(
+                f"experiment {self.experiment!r} exists with another config ({'; '.join(differences)}); "
+                "name a new experiment for a new run, or pass the experiment's own config to continue it"
+            )
+        if not self.resume and (exp.step > 0 or exp.open_batches > 0):
+            raise ExperimentInUseError(
+                f"experiment {self.experiment!r} already has {exp.step} reported steps and {exp.open_batches} "
+                "open batches, and this run does not resume it: name a new experiment for a new run, or "
+                "continue this one from its checkpoint (or with resume=True)"
+            )
         if exp.num_tasks == len(self.keys):
             return  # the usual restart case; a foreign key is caught at selection time
         if exp.num_tasks == 0:
@@ -377,8 +426,6 @@ class Curriculum:
             self.next_number = max(self.next_number, number + 1)
             if batch.batch_id not in self._open:
                 self._open[batch.batch_id] = selected
-                for key in selected.keys:
-                    self._key_batch[key] = batch.batch_id
                 while len(self._open) > MAX_OPEN_BATCHES:  # drawn and never reported (e.g. replayed on resume)
                     self._forget(next(iter(self._open)))
         return selected
@@ -389,59 +436,117 @@ class Curriculum:
         with self._lock:
             return list(self._open.values())
 
-    def batch_of(self, key: str) -> SelectedBatch | None:
-        with self._lock:
-            batch_id = self._key_batch.get(key)
-            return None if batch_id is None else self._open[batch_id]
-
     # -- reporting --------------------------------------------------------------------
 
-    def report(self, outcomes: Mapping[str, tuple[float, int]], *, strict: bool = True) -> list[ReportResult]:
-        """Report key -> (successes, trials), each key to the open batch it was
-        drawn in; every batch touched is reported once and closed.
+    def report(
+        self,
+        outcomes: Mapping[str, tuple[float, int]],
+        *,
+        batch: SelectedBatch | str | int | None = None,
+        strict: bool | None = None,
+    ) -> list[ReportResult]:
+        """Report key -> (successes, trials) to the open batch the rollouts
+        came from; every batch touched is reported once and closed.
+
+        `batch` names that batch (a SelectedBatch, its batch id or its
+        number); every key must be in it. Without it, the outcomes go to the
+        one open batch that holds all their keys, or, if none does, each key
+        to the one open batch that holds it. A key in no open batch, or in
+        several with nothing to tell them apart, raises
+        UnattributedOutcomesError before anything is reported (strict, the
+        curriculum's default), or is dropped and counted (strict=False).
 
         Only the reporting rank calls the server; the other ranks close the
         batches locally and return []. Tasks of a batch missing from
-        `outcomes` count as not selected. A key in no open batch raises
-        (strict) or is dropped with a warning. A batch that the server
-        already has with other outcomes (a trainer resumed from a checkpoint
-        older than its last report) is skipped with a warning: the first
-        report stands.
+        `outcomes` count as not selected. A batch that the server already has
+        with other outcomes (a trainer resumed from a checkpoint older than
+        its last report) is skipped with a warning: the first report stands.
         """
-        groups: dict[str, dict[str, tuple[float, int]]] = {}
-        stray: list[str] = []
+        strict = self.strict if strict is None else strict
+        clean = {str(k): (float(s), int(n)) for k, (s, n) in outcomes.items()}
         with self._lock:
-            for key, (successes, trials) in outcomes.items():
-                batch_id = self._key_batch.get(str(key))
-                if batch_id is None:
-                    stray.append(str(key))
-                    continue
-                groups.setdefault(batch_id, {})[str(key)] = (float(successes), int(trials))
+            groups, problems = self._attribute(clean, batch)
             batches = [self._open[b] for b in groups]
-        if stray:
+        if problems:
+            dropped = sum(len(keys) for keys in problems.values())
             message = (
-                f"{len(stray)} reported tasks are in no open batch of experiment {self.experiment!r} "
-                f"(already reported, or never selected): {stray[:5]}"
+                f"{dropped} of {len(clean)} reported task outcomes of experiment {self.experiment!r} cannot be "
+                f"filed under the batch they came from: "
+                + "; ".join(f"{reason}: {keys[:5]}" for reason, keys in problems.items())
             )
             if strict:
-                raise ValueError(message)
-            log.warning(message)
+                raise UnattributedOutcomesError(
+                    message + ". Report each batch's outcomes with the batch they were drawn in "
+                    "(batch=...), once; a lenient curriculum (strict=False) drops and counts them instead"
+                )
+            with self._lock:
+                self.dropped_outcomes += dropped
+            log.error("%s; dropped (strict=False): %d dropped so far", message, self.dropped_outcomes)
         results = []
-        for batch in batches:
-            result = self._report_batch(batch, groups[batch.batch_id])
+        for selected in batches:
+            result = self._report_batch(selected, {k: clean[k] for k in groups[selected.batch_id]})
             if result is not None:
                 results.append(result)
         return results
+
+    def _attribute(
+        self, outcomes: Mapping[str, tuple[float, int]], batch: SelectedBatch | str | int | None
+    ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """batch id -> the keys it gets, and reason -> the keys that cannot
+        be attributed (caller holds the lock)."""
+        keys = list(outcomes)
+        if batch is not None:
+            named = self._named_open(batch)
+            if named is None:
+                return {}, {f"batch {batch if isinstance(batch, (str, int)) else batch.number} is not open": keys}
+            members = set(named.keys)
+            outside = [k for k in keys if k not in members]
+            inside = [k for k in keys if k in members]
+            return ({named.batch_id: inside} if inside else {}), (
+                {f"not in batch {named.number}": outside} if outside else {}
+            )
+        holders: dict[str, list[str]] = {k: [] for k in keys}
+        for selected in self._open.values():
+            members = set(selected.keys)
+            for k in keys:
+                if k in members:
+                    holders[k].append(selected.batch_id)
+        if keys:
+            whole = set.intersection(*(set(h) for h in holders.values()))
+            if len(whole) == 1:
+                return {whole.pop(): keys}, {}
+        groups: dict[str, list[str]] = {}
+        problems: dict[str, list[str]] = {}
+        for k in keys:
+            if len(holders[k]) == 1:
+                groups.setdefault(holders[k][0], []).append(k)
+            elif not holders[k]:
+                reason = "in no open batch (reported already, or never drawn by this run)"
+                problems.setdefault(reason, []).append(k)
+            else:
+                reason = "in several open batches (pass batch=)"
+                problems.setdefault(reason, []).append(k)
+        return groups, problems
+
+    def _named_open(self, batch: SelectedBatch | str | int) -> SelectedBatch | None:
+        if isinstance(batch, SelectedBatch):
+            return self._open.get(batch.batch_id)
+        if isinstance(batch, str):
+            return self._open.get(batch)
+        return next((b for b in self._open.values() if b.number == int(batch)), None)
+
+    def batch_of(self, key: str) -> SelectedBatch | None:
+        """The open batch holding `key`, if exactly one does."""
+        with self._lock:
+            holders = [b for b in self._open.values() if key in b.keys]
+            return holders[0] if len(holders) == 1 else None
 
     def report_batch(
         self, batch: SelectedBatch | str, outcomes: Mapping[str, tuple[float, int]]
     ) -> ReportResult | None:
         """Report one batch's outcomes explicitly and close it."""
-        with self._lock:
-            selected = self._open.get(batch if isinstance(batch, str) else batch.batch_id)
-        if selected is None:
-            raise ValueError(f"batch {batch if isinstance(batch, str) else batch.batch_id!r} is not open")
-        return self._report_batch(selected, {str(k): (float(s), int(n)) for k, (s, n) in outcomes.items()})
+        results = self.report(outcomes, batch=batch, strict=True)
+        return results[0] if results else None
 
     def _report_batch(self, batch: SelectedBatch, outcomes: Mapping[str, tuple[float, int]]) -> ReportResult | None:
         result = None
@@ -474,7 +579,7 @@ class Curriculum:
 
     def _signal(self, batch: SelectedBatch, result: ReportResult, outcomes: Mapping[str, tuple[float, int]]) -> None:
         if not self.listeners and not self.posterior_means:
-            self.last_signals = batch_signals(batch.number, result, outcomes)
+            self.last_signals = batch_signals(batch.number, result, outcomes, None, self.dropped_outcomes)
             return
         mean = None
         if self.posterior_means:
@@ -484,7 +589,7 @@ class Curriculum:
             if rows:
                 a, b = snap.alpha[rows], snap.beta[rows]
                 mean = float((a / (a + b)).mean())
-        signals = batch_signals(batch.number, result, outcomes, mean)
+        signals = batch_signals(batch.number, result, outcomes, mean, self.dropped_outcomes)
         self.last_signals = signals
         for listener in self.listeners:
             try:
@@ -514,6 +619,7 @@ class Curriculum:
         uninterrupted run's. Batches reported after the checkpoint (a crash
         after the report) are not drawn again.
         """
+        self.resume = True  # a checkpoint's state: this run continues the experiment
         pending = sorted(int(n) for n in state.get("pending") or [] if int(n) < next_number)
         acknowledged = state.get("acknowledged_step")
         with self._lock:
@@ -539,11 +645,7 @@ class Curriculum:
             self._forget(batch_id)
 
     def _forget(self, batch_id: str) -> None:
-        selected = self._open.pop(batch_id, None)
-        if selected is not None:
-            for key in selected.keys:
-                if self._key_batch.get(key) == batch_id:
-                    del self._key_batch[key]
+        self._open.pop(batch_id, None)
 
 
 def _unique_index(keys: Sequence[str]) -> dict[str, int]:
