@@ -6,6 +6,7 @@ whose rewards are reported once per generation batch."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 from typing import Any
@@ -17,10 +18,12 @@ from tests.integrations.conftest import EXACT, counts, need
 
 torch = need("torch")
 
-from bots_client.integrations._core import Curriculum
+from bots_client.integrations._core import Curriculum, UnattributedOutcomesError
 from bots_client.integrations.trl import BotsGRPO, BotsRepeatSampler
 
 N_TASKS = 12
+# The runs below make num_generations = 4 completions per prompt.
+GRPO_EXACT = dataclasses.replace(EXACT, rollouts_per_task=4)
 
 
 def test_repeat_pattern_matches_trl_repeat_sampler(client: bots_client.Client, exp_name: str) -> None:
@@ -93,7 +96,7 @@ def test_real_grpo_trainer_draws_prompts_from_the_service_and_reports_once_per_s
         # A verifier whose answer depends only on the task: even tasks pass.
         return [1.0 if int(k.split("-")[1]) % 2 == 0 else 0.0 for k in task_key]
 
-    bots = BotsGRPO(address, exp_name, dataset=train, key_column="task_key", config=EXACT)
+    bots = BotsGRPO(address, exp_name, dataset=train, key_column="task_key", config=GRPO_EXACT)
     trainer_cls = bots.trainer_class(GRPOTrainer)
     assert issubclass(trainer_cls, GRPOTrainer)
     args = GRPOConfig(
@@ -169,12 +172,13 @@ class _Crash(Exception):
 
 def _grpo_run(
     address: str, experiment: str, output_dir: Any, *, max_steps: int, crash_at: int | None = None,
-    resume: str | None = None,
+    resume: str | None = None, steps_per_generation: int = 1, num_iterations: int = 1,
 ) -> tuple[list[tuple[str, int, tuple[str, ...]]], BotsGRPO]:
-    """A real GRPOTrainer run of 2 prompts x 4 generations per step, 3 steps
-    per epoch, a checkpoint after every step; it raises right after saving
-    checkpoint `crash_at`. Returns every selection it made: (request key,
-    server step at selection, task keys), in order."""
+    """A real GRPOTrainer run of 8 completions x 4 generations per optimizer
+    step (2 prompts; 2 x steps_per_generation per generation batch), 3
+    generation batches per epoch, a checkpoint after every step; it raises
+    right after saving checkpoint `crash_at`. Returns every selection it
+    made: (request key, server step at selection, task keys), in order."""
     import datasets
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -185,7 +189,7 @@ def _grpo_run(
         "prompt": [f"solve task {i}" for i in range(N_TASKS)],
         "task_key": [f"task-{i}" for i in range(N_TASKS)],
     })  # fmt: skip
-    bots = BotsGRPO(address, experiment, dataset=train, key_column="task_key", config=EXACT, num_batches=3)
+    bots = BotsGRPO(address, experiment, dataset=train, key_column="task_key", config=GRPO_EXACT, num_batches=3)
     selections: list[tuple[str, int, tuple[str, ...]]] = []
     select = bots.curriculum.select
 
@@ -208,6 +212,7 @@ def _grpo_run(
         output_dir=str(output_dir), per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
         max_steps=max_steps, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="steps", save_steps=1,
         use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        steps_per_generation=steps_per_generation, num_iterations=num_iterations,
     )  # fmt: skip
     trainer = bots.trainer_class(GRPOTrainer)(
         model=model, processing_class=tokenizer, reward_funcs=[bots.reward(correct)], args=args, train_dataset=train,
@@ -247,3 +252,119 @@ def test_real_grpo_trainer_resumes_exactly_once_at_any_step_and_epoch(
         snap = client.snapshot(name)  # every outcome applied exactly once: the same posterior
         assert snap.keys == ref_snap.keys
         assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta), crash_at
+
+
+@pytest.mark.parametrize(("steps_per_generation", "num_iterations"), [(2, 1), (1, 2)])
+def test_real_grpo_trainer_resumes_inside_a_generation_cycle(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any, steps_per_generation: int,
+    num_iterations: int,
+) -> None:
+    """A generation batch spans several optimizer steps; TRL resumed inside
+    one generates it again (its step counter restarts at 0). The batches,
+    their reports and the posterior must still be an uninterrupted run's."""
+    need("trl")
+    cycle = steps_per_generation * num_iterations
+    max_steps = 4 * cycle  # 4 generation batches; epochs of 3
+    kw = {"steps_per_generation": steps_per_generation, "num_iterations": num_iterations}
+    reference, _ = _grpo_run(address, exp_name + "-ref", tmp_path / "ref", max_steps=max_steps, **kw)
+    ref_exp = client.get_experiment(exp_name + "-ref")
+    assert ref_exp.step == 4
+    ref_snap = client.snapshot(exp_name + "-ref")
+    for crash_at in (1, cycle + 1, 3 * cycle):  # inside cycles 0 and 1; the epoch boundary
+        name = f"{exp_name}-c{crash_at}"
+        out = tmp_path / f"crash{crash_at}"
+        _grpo_run(address, name, out, max_steps=max_steps, crash_at=crash_at, **kw)
+        after, _ = _grpo_run(
+            address, name, out, max_steps=max_steps, resume=str(out / f"checkpoint-{crash_at}"), **kw
+        )
+        # Every selection, replayed or new, is the uninterrupted run's batch
+        # under the same request key, drawn at the same server step.
+        by_key = {key: (step, keys) for key, step, keys in reference}
+        assert all(by_key[key] == (step, keys) for key, step, keys in after), crash_at
+        exp = client.get_experiment(name)
+        assert (exp.step, exp.open_batches) == (ref_exp.step, ref_exp.open_batches), crash_at
+        snap = client.snapshot(name)
+        assert snap.keys == ref_snap.keys
+        assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta), crash_at
+
+
+def _trainer(bots: BotsGRPO, train: Any, output_dir: Any, **config: Any) -> Any:
+    from trl import GRPOConfig, GRPOTrainer
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model, tokenizer = _tiny_model_and_tokenizer()
+
+    def correct(prompts: list[str], completions: list[str], task_key: list[str], **kwargs: Any) -> list[float]:
+        return [1.0] * len(task_key)
+
+    args = GRPOConfig(
+        output_dir=str(output_dir), per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
+        max_steps=1, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, **config,
+    )  # fmt: skip
+    return bots.trainer_class(GRPOTrainer)(
+        model=model, processing_class=tokenizer, reward_funcs=[bots.reward(correct)], args=args, train_dataset=train
+    )
+
+
+def test_real_grpo_trainer_refuses_mismatches_at_start(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    need("trl")
+    import datasets
+
+    keys = [f"task-{i}" for i in range(N_TASKS)]
+    train = datasets.Dataset.from_dict({"prompt": [f"solve task {i}" for i in range(N_TASKS)], "task_key": keys})
+    # Rows in another order than the keys: every index would name another task.
+    bots = BotsGRPO(address, exp_name, keys=keys[::-1], config=GRPO_EXACT)
+    with pytest.raises(ValueError, match="not in the order of BotsGRPO's keys.*row 0 is 'task-0', key 0 is 'task-11'"):
+        _trainer(bots, train, tmp_path).train()
+    # An evidence scale other than the group size.
+    bots = BotsGRPO(address, exp_name, dataset=train, config=EXACT)
+    with pytest.raises(ValueError, match="rollouts_per_task = 16 but the trainer makes num_generations = 4"):
+        _trainer(bots, train, tmp_path).train()
+    assert exp_name not in {e.name for e in client.list_experiments()}  # refused before setup
+    # One real step, then a new run under the same name: refused until it resumes.
+    _trainer(BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT), train, tmp_path).train()
+    assert client.get_experiment(exp_name).step == 1
+    with pytest.raises(bots_client.ExperimentInUseError, match="1 reported steps"):
+        _trainer(BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT), train, tmp_path).train()
+    other = dataclasses.replace(GRPO_EXACT, target_success=0.3)
+    with pytest.raises(bots_client.ConfigMismatchError, match="target_success"):
+        _trainer(BotsGRPO(address, exp_name, dataset=train, config=other, resume=True), train, tmp_path).train()
+    assert client.get_experiment(exp_name).step == 1
+
+
+def test_reward_calls_are_filed_under_their_generation_batch(client: bots_client.Client, exp_name: str) -> None:
+    keys = [f"task-{i}" for i in range(6)]
+    trainer = type("T", (), {"model": None, "num_generations": 2})()
+    bots = BotsGRPO(client, exp_name, keys, config=dataclasses.replace(EXACT, rollouts_per_task=2))
+    bots.attach(trainer)
+    bots.curriculum.batch_size = 2
+    b0, b1 = bots.curriculum.select(0), bots.curriculum.select(1)  # one generation batch ahead
+    def reward(prompts: list[str], completions: list[str], task_key: list[str], **kwargs: Any) -> list[float]:
+        return [1.0 if k == b1.keys[1] or i % 2 == 0 else 0.0 for i, k in enumerate(task_key)]
+
+    wrapped = bots.reward(reward)
+    # A group shorter than num_generations: refused, nothing reported.
+    with pytest.raises(ValueError, match="other than num_generations = 2"):
+        wrapped(prompts=["p"] * 3, completions=["c"] * 3, task_key=[b1.keys[0], b1.keys[1], b1.keys[1]])
+    # Completions that are no open generation batch's tasks: refused, nothing reported.
+    mixed = [b0.keys[0], b0.keys[0], b1.keys[0], b1.keys[0]]
+    with pytest.raises(UnattributedOutcomesError):
+        wrapped(prompts=["p"] * 4, completions=["c"] * 4, task_key=mixed)
+    assert client.get_experiment(exp_name).step == 0
+    # Batch 1 scored first: filed under batch 1, and batch 0, which the
+    # trainer passed over, is closed.
+    wrapped(prompts=["p"] * 4, completions=["c"] * 4, task_key=[k for k in b1.keys for _ in range(2)])
+    assert bots.curriculum.open_batches == [] and client.get_experiment(exp_name).step == 1
+    got = counts(client, exp_name)
+    assert (got[b1.keys[0]], got[b1.keys[1]]) == ((1.0, 1.0), (2.0, 0.0))
+    # Lenient: what cannot be attributed is dropped and counted.
+    lenient = BotsGRPO(client, exp_name + "-l", keys, config=dataclasses.replace(EXACT, rollouts_per_task=2),
+                       strict=False)  # fmt: skip
+    lenient.attach(trainer)
+    lenient.curriculum.batch_size = 2
+    drawn = lenient.curriculum.select(0)
+    stray = next(k for k in keys if k not in drawn.keys)
+    lenient.reward(reward)(prompts=["p"] * 2, completions=["c"] * 2, task_key=[stray, stray])
+    assert lenient.curriculum.dropped_outcomes == 1 and client.get_experiment(exp_name + "-l").step == 0

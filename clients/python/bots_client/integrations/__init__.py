@@ -23,9 +23,17 @@ The shared, framework-free part is `Curriculum` (experiment setup, task key
 from bots_client.integrations._core import (
     Curriculum,
     SelectedBatch,
+    UnattributedOutcomesError,
     aggregate_outcomes,
     distributed_rank_and_world,
     merge_outcomes,
 )
 
-__all__ = ["Curriculum", "SelectedBatch", "aggregate_outcomes", "distributed_rank_and_world", "merge_outcomes"]
+__all__ = [
+    "Curriculum",
+    "SelectedBatch",
+    "UnattributedOutcomesError",
+    "aggregate_outcomes",
+    "distributed_rank_and_world",
+    "merge_outcomes",
+]

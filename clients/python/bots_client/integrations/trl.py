@@ -26,9 +26,20 @@ Two pieces, both from one `BotsGRPO` object:
 The dataset needs a column of stable, unique task keys (`key_column`); TRL
 passes it to reward functions. Prompts are selected one generation batch
 ahead (accelerate prefetches a batch): the lease keeps the two batches
-disjoint. On `resume_from_checkpoint`, the Trainer replays the sampler to
-the saved step; the request keys give back the same batches and the ones
-already reported are not reported again.
+disjoint. Each reward call is filed under the generation batch whose tasks
+it scored (the open batch with exactly its task keys), never by task key
+alone. On `resume_from_checkpoint`, the Trainer replays the sampler to the
+saved step; the request keys give back the same batches, the ones already
+reported are not reported again, and TRL's regeneration of a batch it
+resumed inside (its generation counter restarts) keeps the first report.
+
+Strict by default: a reward call that matches no generation batch, a group
+of completions that is not `num_generations` long, a train dataset whose
+rows are not in the keys' order, an experiment config whose
+rollouts_per_task is not `num_generations`, or a new run on an experiment
+that already has reported steps (ExperimentInUseError: resume from the
+checkpoint, or pass `resume=True`) raises. `strict=False` drops outcomes it
+cannot attribute and counts them (`curriculum/dropped_outcomes`).
 
 TRL is imported only by `trainer_class()` (and torch by the sampler).
 """
@@ -38,17 +49,21 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
+    SelectedBatch,
+    UnattributedOutcomesError,
     aggregate_outcomes,
     lazy_class,
+    merge_outcomes,
     torch_sampler,
 )
-from bots_client.integrations.torch import all_gather_outcomes
+from bots_client.integrations.torch import _process_group
 from bots_client.types import ExperimentConfig, ReportResult
 
 if TYPE_CHECKING:
@@ -131,6 +146,10 @@ class BotsGRPO:
         log_signals: add the curriculum's signals of the batches reported
             since the last log (their mean) to the trainer's training logs,
             named "curriculum/...": they reach every `report_to` backend.
+        resume: this run continues the experiment without a checkpoint
+            (`trainer.train(resume_from_checkpoint=...)` sets it by itself).
+        strict: unattributable rewards raise (default); False drops and
+            counts them.
     """
 
     def __init__(
@@ -149,6 +168,8 @@ class BotsGRPO:
         num_batches: int | None = None,
         request_prefix: str = "step",
         log_signals: bool = True,
+        resume: bool = False,
+        strict: bool = True,
     ) -> None:
         if keys is None:
             if dataset is None:
@@ -172,8 +193,11 @@ class BotsGRPO:
             features=features,
             groups=groups,
             request_prefix=request_prefix,
+            resume=resume,
+            strict=strict,
         )
         self.trainer: Any = None
+        self._step_restored = False
         self.sampler: _RepeatSampler | None = None
         self.reports: list[ReportResult] = []
         self.log_signals = log_signals
@@ -195,9 +219,13 @@ class BotsGRPO:
         """The sampler GRPOTrainer._get_train_sampler should return."""
         if self.trainer is not trainer:
             self.attach(trainer)
-        if dataset is not None and len(dataset) != len(self.curriculum.keys):
+        if dataset is not None:
+            self._check_dataset(dataset)
+        config = self.curriculum.config
+        if config is not None and config.rollouts_per_task != trainer.num_generations:
             raise ValueError(
-                f"the train dataset has {len(dataset)} rows but BotsGRPO was given {len(self.curriculum.keys)} keys"
+                f"the experiment config has rollouts_per_task = {config.rollouts_per_task} but the trainer makes "
+                f"num_generations = {trainer.num_generations} completions per prompt; set them equal"
             )
         args = trainer.args
         prompts = args.generation_batch_size // trainer.num_generations
@@ -210,6 +238,28 @@ class BotsGRPO:
             num_batches=self.num_batches,
         )
         return self.sampler
+
+    def _check_dataset(self, dataset: Any) -> None:
+        """The sampler hands out row indices: row i must be task keys[i]."""
+        keys = self.curriculum.keys
+        if len(dataset) != len(keys):
+            raise ValueError(f"the train dataset has {len(dataset)} rows but BotsGRPO was given {len(keys)} keys")
+        columns = getattr(dataset, "column_names", None)
+        if columns is not None and self.key_column not in columns:
+            raise KeyError(
+                f"the train dataset has no {self.key_column!r} column (columns: {columns}); the reward function "
+                "needs it to name each completion's task"
+            )
+        if columns is not None:
+            rows = [str(k) for k in dataset[self.key_column]]
+            moved = [i for i, (row, key) in enumerate(zip(rows, keys)) if row != key]
+            if moved:
+                i = moved[0]
+                raise ValueError(
+                    f"the train dataset's rows are not in the order of BotsGRPO's keys ({len(moved)} differ; row {i} "
+                    f"is {rows[i]!r}, key {i} is {keys[i]!r}): build BotsGRPO from the same dataset object "
+                    "(dataset=, key_column=) after any shuffle, filter or sort"
+                )
 
     def trainer_class(self, base: type | None = None) -> type:
         """A subclass of `base` (default trl.GRPOTrainer) drawing its train
@@ -224,6 +274,28 @@ class BotsGRPO:
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 bots.attach(self)
+
+            def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+                # A resumed trainer continues its experiment: say so before setup.
+                if resume_from_checkpoint:
+                    bots.curriculum.resume = True
+                return super().train(resume_from_checkpoint, *args, **kwargs)
+
+            def _prepare_inputs(self, generation_batch: Any) -> Any:
+                # TRL counts its micro-steps (`_step`, which decides when to
+                # generate) from 0 in a new process. Resumed inside a
+                # generation cycle, it would generate from the cycle's next
+                # copy and shift every later generation by the steps already
+                # trained: the next batch would be drawn before the last one
+                # was reported, from another posterior. Count them as an
+                # uninterrupted run would; the cycle's own batch is generated
+                # again (its completions were not checkpointed) and its
+                # second report is a no-op on the server.
+                if self.model.training and not bots._step_restored:
+                    bots._step_restored = True
+                    if getattr(self, "_step", None) == 0 and self.state.global_step > 0:
+                        self._step = self.state.global_step * self.args.gradient_accumulation_steps
+                return super()._prepare_inputs(generation_batch)
 
             def _get_train_sampler(self, dataset: Any = None) -> Any:
                 return bots.make_sampler(self, self.train_dataset if dataset is None else dataset)
@@ -256,14 +328,49 @@ class BotsGRPO:
         return True if model is None else bool(getattr(model, "training", True))
 
     def report_rewards(self, keys: Sequence[Any], rewards: Sequence[Any]) -> list[ReportResult]:
-        """Report this process's per-completion rewards (a collective under
-        torch.distributed: every process calls it; the main one reports)."""
+        """Report this process's per-completion rewards of one generation
+        batch (a collective under torch.distributed: every process calls it;
+        the main one reports), filed under the batch they came from."""
         clean = [None if r is None or (isinstance(r, float) and math.isnan(r)) else r for r in rewards]
-        outcomes = aggregate_outcomes(keys, clean, success_threshold=self.success_threshold)
-        merged = all_gather_outcomes(outcomes)
-        results = self.curriculum.report(merged, strict=False)
+        local_keys = [str(k) for k in keys]
+        outcomes = aggregate_outcomes(local_keys, clean, success_threshold=self.success_threshold)
+        all_keys, merged = _all_gather_keys_and_outcomes(local_keys, outcomes)
+        batch = self._generation_batch(all_keys)
+        results = self.curriculum.report(merged, batch=batch)
         self.reports.extend(results)
         return results
+
+    def _generation_batch(self, keys: Sequence[str]) -> SelectedBatch | None:
+        """The open batch this generation scored: the newest one whose tasks
+        are exactly `keys` (a stale replayed batch can share its tasks; the
+        batch being generated is the newest). Older open batches are ones the
+        trainer skipped on resume (reported before its checkpoint): closed.
+        When no batch matches: UnattributedOutcomesError, or None when
+        lenient (the curriculum files what it can and counts the rest)."""
+        groups = Counter(keys)
+        size = getattr(self.trainer, "num_generations", None)
+        wrong = {k: n for k, n in groups.items() if size is not None and n != size}
+        if wrong:
+            raise ValueError(
+                f"{len(wrong)} tasks got a group of completions other than num_generations = {size} "
+                f"(e.g. {dict(list(wrong.items())[:3])}): the reward function must see every completion of "
+                "the generation batch, once"
+            )
+        exact = [b for b in self.curriculum.open_batches if set(b.keys) == set(groups)]
+        if not exact:
+            if self.curriculum.strict:
+                raise UnattributedOutcomesError(
+                    f"the reward call scored {len(groups)} tasks (e.g. {list(groups)[:3]}) that are no open "
+                    f"generation batch's tasks (open: {[b.number for b in self.curriculum.open_batches]}): "
+                    "the reward function must see every completion of one generation batch, once"
+                )
+            return None
+        batch = max(exact, key=lambda b: b.number)
+        for older in self.curriculum.open_batches:
+            if older.number < batch.number:
+                log.info("batch %d was drawn but not generated (skipped on resume); closing it", older.number)
+                self.curriculum.close(older)
+        return batch
 
     def reward(self, fn: Callable[..., Sequence[Any]], *, key_column: str | None = None) -> Callable[..., Any]:
         """Wrap a TRL reward function: same rewards out, and during training
@@ -282,6 +389,19 @@ class BotsGRPO:
             return rewards
 
         return wrapped
+
+
+def _all_gather_keys_and_outcomes(
+    keys: list[str], outcomes: Mapping[str, tuple[float, int]]
+) -> tuple[list[str], dict[str, tuple[float, int]]]:
+    """Every process's completion keys and merged outcomes (a collective
+    under torch.distributed; without a process group: these)."""
+    dist = _process_group()
+    if dist is None:
+        return keys, {k: (float(s), int(n)) for k, (s, n) in outcomes.items()}
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (keys, dict(outcomes)))
+    return [k for part_keys, _ in parts for k in part_keys], merge_outcomes(o for _, o in parts)
 
 
 def __getattr__(name: str) -> Any:
