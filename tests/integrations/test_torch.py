@@ -461,3 +461,43 @@ def test_curriculum_signals_reach_tensorboard(client: bots_client.Client, exp_na
     for tag, points in expected.items():
         assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in points], rel=1e-6), tag
+
+
+def test_a_new_sampler_never_takes_over_an_old_experiment(client: bots_client.Client, exp_name: str) -> None:
+    import dataclasses
+
+    config = dataclasses.replace(EXACT, rollouts_per_task=4)
+    first = BotsSampler(client, exp_name, KEYS, batch_size=4, config=config)
+    loader = DataLoader(KeyedDataset(), batch_size=4, sampler=first)
+    rows = next(iter(loader))
+    first.report({k: outcome_of(k) for k in rows["key"]})
+    # A new run reusing the name with another config: refused at its first
+    # batch, before it draws anything (it used to hand out the old batches
+    # and drop every new outcome as "already reported").
+    eight = dataclasses.replace(EXACT, rollouts_per_task=8)
+    with pytest.raises(bots_client.ConfigMismatchError, match="rollouts_per_task: requested 8, existing 4"):
+        next(iter(DataLoader(KeyedDataset(), batch_size=4, sampler=BotsSampler(client, exp_name, KEYS,
+                                                                                 batch_size=4, config=eight))))  # fmt: skip
+    with pytest.raises(bots_client.ExperimentInUseError, match="1 reported steps"):
+        next(iter(DataLoader(KeyedDataset(), batch_size=4,
+                             sampler=BotsSampler(client, exp_name, KEYS, batch_size=4, config=config))))  # fmt: skip
+    assert client.get_experiment(exp_name).step == 1
+    # Continuing it is explicit: the first run's state, or resume=True.
+    resumed = BotsSampler(client, exp_name, KEYS, batch_size=4, config=config)
+    resumed.load_state_dict(first.state_dict())
+    rows = next(iter(DataLoader(KeyedDataset(), batch_size=4, sampler=resumed)))
+    assert resumed.last_batch is not None and resumed.last_batch.number == 1
+    assert resumed.report({k: outcome_of(k) for k in rows["key"]}, batch=resumed.last_batch)[0].step == 2
+
+
+def test_reports_name_their_batch_under_a_prefetching_loader(client: bots_client.Client, exp_name: str) -> None:
+    sampler = BotsBatchSampler(client, exp_name, KEYS, batch_size=4, num_batches=4, config=EXACT)
+    loader = DataLoader(KeyedDataset(), batch_sampler=sampler, num_workers=1, prefetch_factor=2)
+    drawn = []
+    for rows in loader:
+        # The sampler has drawn ahead: its last batch is not this one.
+        batch = next(b for b in sampler.curriculum.open_batches if list(b.keys) == rows["key"])
+        drawn.append(batch.number)
+        sampler.report({k: outcome_of(k) for k in rows["key"]}, batch=batch)
+    assert drawn == [0, 1, 2, 3] and client.get_experiment(exp_name).step == 4
+    assert sampler.curriculum.open_batches == []

@@ -131,6 +131,8 @@ class _SamplerBase:
         wait_for_report: bool = True,
         on_report: Callable[[CurriculumSignals], None] | None = None,
         posterior_means: bool = False,
+        resume: bool = False,
+        strict: bool = True,
     ) -> None:
         if curriculum is None:
             if client is None or experiment is None or keys is None or batch_size is None:
@@ -147,6 +149,8 @@ class _SamplerBase:
                 world_size=world_size,
                 report_rank=report_rank,
                 posterior_means=posterior_means,
+                resume=resume,
+                strict=strict,
             )
         self.curriculum = curriculum
         world = curriculum.world_size
@@ -205,9 +209,17 @@ class _SamplerBase:
     # -- reporting --------------------------------------------------------------------
 
     def report(
-        self, outcomes: Mapping[str, tuple[float, int]], *, gather: bool | None = None, strict: bool = True
+        self,
+        outcomes: Mapping[str, tuple[float, int]],
+        *,
+        batch: SelectedBatch | str | int | None = None,
+        gather: bool | None = None,
+        strict: bool | None = None,
     ) -> list[ReportResult]:
-        """Report key -> (successes, trials) for tasks drawn by this sampler.
+        """Report key -> (successes, trials) for tasks drawn by this sampler,
+        to the batch they were drawn in: `batch` (e.g. `sampler.last_batch`
+        when the loader does not prefetch), or the one open batch holding
+        them (`Curriculum.report`).
 
         Under torch.distributed with `gather` (default), this is a collective:
         every rank passes its own tasks' outcomes, they are merged, and only
@@ -216,7 +228,7 @@ class _SamplerBase:
         collective = self.gather if gather is None else gather
         if collective:
             outcomes = all_gather_outcomes(outcomes)
-        results = self.curriculum.report(outcomes, strict=strict)
+        results = self.curriculum.report(outcomes, batch=batch, strict=strict)
         if collective and self.wait_for_report:
             results = broadcast_acknowledgement(self.curriculum, results)
         return results
@@ -227,13 +239,15 @@ class _SamplerBase:
         rewards: Sequence[Any],
         *,
         success_threshold: float | None = 0.5,
+        batch: SelectedBatch | str | int | None = None,
         gather: bool | None = None,
     ) -> list[ReportResult]:
         """Report per-rollout rewards: `tasks[i]` is rollout i's dataset index
         (int) or task key (str), `rewards[i]` its reward (see
-        `aggregate_outcomes` for the threshold)."""
+        `aggregate_outcomes` for the threshold); `batch` as in `report`."""
         keys = [self.key_of(t) if _is_index(t) else str(t) for t in tasks]
-        return self.report(aggregate_outcomes(keys, rewards, success_threshold=success_threshold), gather=gather)
+        outcomes = aggregate_outcomes(keys, rewards, success_threshold=success_threshold)
+        return self.report(outcomes, batch=batch, gather=gather)
 
     # -- checkpointing ----------------------------------------------------------------
 
