@@ -5,6 +5,7 @@ processes), checkpoint/resume."""
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import threading
 from pathlib import Path
@@ -50,7 +51,8 @@ def test_sampler_is_a_torch_sampler_and_drives_a_dataloader(client: bots_client.
         assert batch is not None and batch.number == step
         assert rows["key"] == list(batch.keys)  # the rows are exactly the service's batch
         outcomes = {k: outcome_of(k) for k in rows["key"]}
-        results = sampler.report(outcomes)
+        assert sampler.report(outcomes) == []  # running in the background, with the next selection
+        results = sampler.wait()
         assert [r.step for r in results] == [step + 1]
         for k, (s, n) in outcomes.items():
             prev = reported.get(k, (0.0, 0))
@@ -94,7 +96,8 @@ def test_ranks_in_threads_get_the_same_batch_and_only_rank0_reports(address: str
                 barrier.wait()
                 # Every rank reports the whole batch, each with its own numbers:
                 # only rank 0's may be applied.
-                results = sampler.report({k: (float(rank + 1), 4) for k in batch.keys})
+                sampler.report({k: (float(rank + 1), 4) for k in batch.keys})
+                results = sampler.wait()  # the ranks are threads: the barrier stands in for the collective
                 out.append((batch.batch_id, batch.keys, rows["key"], len(results)))
                 barrier.wait()
             seen[rank] = out
@@ -147,13 +150,17 @@ def _ddp_worker(
         out = []
         for rows in DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler):
             batch = sampler.last_batch
+            # The previous batch's report ran in the background; drawing this
+            # batch waited for it on every rank (a broadcast from rank 0).
+            acknowledged_before = sampler.curriculum.acknowledged_step
             if rank == 0:
                 time.sleep(0.05)  # a slower reporter: the other rank reaches the next select first
             # Each rank rolled out only its share; report() all-gathers and rank 0 reports.
             results = sampler.report({k: (float(rank + 1), 3) for k in rows["key"]})
             out.append({"batch_id": batch.batch_id, "keys": list(batch.keys), "number": batch.number,
                         "step": batch.step, "local": list(rows["key"]), "reports": len(results),
-                        "acknowledged": sampler.curriculum.acknowledged_step})  # fmt: skip
+                        "acknowledged_before": acknowledged_before})  # fmt: skip
+        sampler.wait()
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
@@ -175,11 +182,11 @@ def test_real_ddp_two_gloo_processes(address: str, exp_name: str, tmp_path: Path
     for a, b in zip(r0, r1):
         assert a["batch_id"] == b["batch_id"] and a["keys"] == b["keys"]
         assert a["local"] == a["keys"][0::2] and b["local"] == a["keys"][1::2]
-        assert (a["reports"], b["reports"]) == (1, 0)
+        assert (a["reports"], b["reports"]) == (0, 0)  # report() returns at once; the answers come later
         # No rank selected before the previous report was applied: batch k
         # was selected at server step k, on both ranks; both know the ack.
         assert a["step"] == b["step"] == a["number"]
-        assert a["acknowledged"] == b["acknowledged"] == a["number"] + 1
+        assert a["acknowledged_before"] == b["acknowledged_before"] == (a["number"] or None)
     assert client_step(address, exp_name) == DDP_BATCHES
     expected: dict[str, tuple[float, float]] = {}
     for batch in r0:  # the merged outcomes of both ranks, applied once per batch
@@ -212,6 +219,7 @@ def _draw(sampler: Any, n_batches: int) -> list[tuple[str, ...]]:
         assert [sampler.index_of(k) for k in batch.keys] == indices
         sampler.report({k: outcome_of(k) for k in batch.keys})
         out.append(batch.keys)
+    sampler.wait()  # the end of training: the last report acknowledged
     return out
 
 
@@ -310,6 +318,7 @@ def train(sampler: Any, done: int, until: int, *, checkpoint_at: int | None = No
             if done == until:
                 break
         epoch += 1
+    sampler.wait()  # the end of training: the last report acknowledged
     return state
 
 
@@ -341,7 +350,10 @@ def test_resume_at_any_step_and_epoch_boundary_draws_each_batch_once(
         assert first_selections + selections[1:] == reference, at
         assert selections == reference[at:], at
         exp = client.get_experiment(name)
-        assert (exp.step, exp.open_batches) == (total, 0)
+        # The last report drew the batch after it (ReportAndSelect), as the
+        # uninterrupted run's did: one open batch, whose lease expires.
+        assert (exp.step, exp.open_batches) == (total, 1)
+        assert client.get_experiment(exp_name + "-ref").open_batches == 1
         snap = client.snapshot(name)
         assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta), at
 
@@ -359,7 +371,8 @@ def test_a_batch_drawn_before_the_checkpoint_is_drawn_again_only_if_never_report
         state = pickle.loads(pickle.dumps(first.state_dict()))  # ... checkpoint ...
         assert (state["step"], state["pending"], state["acknowledged_step"]) == (5, [4], 4)
         if not crash_before_report:
-            first.report({k: outcome_of(k) for k in first.last_batch.keys})  # ... report, crash
+            first.report({k: outcome_of(k) for k in first.last_batch.keys})  # ... report, acknowledged ...
+            first.wait()  # ... crash
         resumed = new_sampler(address, name)
         selections = recorded(resumed)
         resumed.load_state_dict(state)
@@ -368,7 +381,7 @@ def test_a_batch_drawn_before_the_checkpoint_is_drawn_again_only_if_never_report
         assert drawn == (["step-4", "step-5"] if crash_before_report else ["step-5"])
         assert selections[-1][1] == 5  # batch 5 selected at server step 5, as in an uninterrupted run
         exp = client.get_experiment(name)
-        assert (exp.step, exp.open_batches) == (6, 0)
+        assert (exp.step, exp.open_batches) == (6, 1)  # batch 6, drawn with the last report
 
 
 def test_resume_with_another_world_size(address: str, client: bots_client.Client, exp_name: str) -> None:
@@ -391,6 +404,7 @@ def test_resume_with_another_world_size(address: str, client: bots_client.Client
             for _rows in loader:
                 barrier.wait()
                 sampler.report({k: outcome_of(k) for k in sampler.last_batch.keys})
+                sampler.wait()
                 barrier.wait()  # no rank selects before rank 0's report landed
                 done += 1
                 if done == 4:
@@ -487,7 +501,8 @@ def test_a_new_sampler_never_takes_over_an_old_experiment(client: bots_client.Cl
     resumed.load_state_dict(first.state_dict())
     rows = next(iter(DataLoader(KeyedDataset(), batch_size=4, sampler=resumed)))
     assert resumed.last_batch is not None and resumed.last_batch.number == 1
-    assert resumed.report({k: outcome_of(k) for k in rows["key"]}, batch=resumed.last_batch)[0].step == 2
+    resumed.report({k: outcome_of(k) for k in rows["key"]}, batch=resumed.last_batch)
+    assert resumed.wait()[0].step == 2
 
 
 def test_reports_name_their_batch_under_a_prefetching_loader(client: bots_client.Client, exp_name: str) -> None:
@@ -499,5 +514,83 @@ def test_reports_name_their_batch_under_a_prefetching_loader(client: bots_client
         batch = next(b for b in sampler.curriculum.open_batches if list(b.keys) == rows["key"])
         drawn.append(batch.number)
         sampler.report({k: outcome_of(k) for k in rows["key"]}, batch=batch)
+    sampler.wait()
     assert drawn == [0, 1, 2, 3] and client.get_experiment(exp_name).step == 4
-    assert sampler.curriculum.open_batches == []
+    # Only the last report came after the loader's last draw: it alone drew
+    # the next batch (the next epoch's first), at the step a synchronous run
+    # draws it. The others left the selection to the loader.
+    assert [(b.number, b.step) for b in sampler.curriculum.open_batches] == [(4, 4)]
+
+
+# -- the report off the critical path ----------------------------------------------------
+
+
+def _loop(sampler: Any, batches: int, rewards: Any) -> list[tuple[str, int, tuple[str, ...]]]:
+    seen = []
+    loader = DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler)
+
+    def epochs() -> Any:
+        while True:
+            yield from loader
+
+    it = epochs()
+    for _ in range(batches):
+        rows = next(it)
+        batch = sampler.last_batch
+        seen.append((batch.request_key, batch.step, batch.keys))
+        sampler.report({k: rewards(k, batch.number) for k in rows["key"]})
+    sampler.wait()
+    return seen
+
+
+def test_overlapped_reports_give_the_synchronous_batches_and_posterior_bit_for_bit(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    # The paper's engine with forgetting, implicit evidence off: every
+    # selection depends on the whole posterior so far.
+    config = bots_client.ExperimentConfig(seed=5, rollouts_per_task=4)
+
+    def rewards(key: str, number: int) -> tuple[float, int]:
+        return (float((int(key.split("-")[1]) * 7 + number * 3) % 5), 4)
+
+    runs = {}
+    for overlap in (False, True):
+        sampler = BotsSampler(client, f"{exp_name}-{overlap}", KEYS, batch_size=4, num_batches=4, config=config,
+                              overlap=overlap)  # fmt: skip
+        runs[overlap] = _loop(sampler, 10, rewards)  # two and a half epochs
+    assert runs[True] == runs[False]
+    assert [step for _, step, _ in runs[True]] == list(range(10))  # each drawn after the previous report
+    sync, overlapped = client.snapshot(f"{exp_name}-False"), client.snapshot(f"{exp_name}-True")
+    assert overlapped.keys == sync.keys
+    assert overlapped.alpha.tobytes() == sync.alpha.tobytes() and overlapped.beta.tobytes() == sync.beta.tobytes()
+
+
+def test_a_background_report_failure_surfaces_at_the_next_batch(
+    client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, config=EXACT)
+    it = iter(DataLoader(KeyedDataset(), batch_size=4, sampler=sampler))
+    rows = next(it)
+    client.delete_experiment(exp_name)  # e.g. an operator deletes it while the trainer runs
+    with caplog.at_level(logging.ERROR, logger="bots_client.integrations"):
+        assert sampler.report({k: outcome_of(k) for k in rows["key"]}) == []  # returns at once
+        with pytest.raises(bots_client.NotFoundError):
+            next(it)  # the next batch raises the report's error
+    assert "running in the background failed" in caplog.text
+    assert sampler.wait() == []  # raised once; nothing left behind
+
+
+def test_a_checkpoint_taken_during_the_overlap_records_the_report(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, config=EXACT)
+    it = iter(DataLoader(KeyedDataset(), batch_size=4, sampler=sampler))
+    for number in range(3):
+        rows = next(it)
+        sampler.report({k: outcome_of(k) for k in rows["key"]})
+        # The checkpoint right after report() returns: it waits for the
+        # report, so it never lists an acknowledged batch as pending (which
+        # a resume would draw and report again) nor misses one.
+        state = sampler.state_dict()
+        assert (state["step"], state["pending"], state["acknowledged_step"]) == (number + 1, [], number + 1)
+    assert client.get_experiment(exp_name).step == 3

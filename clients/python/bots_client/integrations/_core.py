@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bots_client._calls import config_differences
 from bots_client.client import Client
@@ -30,9 +31,11 @@ from bots_client.errors import (
     ConfigMismatchError,
     ExperimentInUseError,
     FailedPreconditionError,
+    InvalidArgumentError,
     NotFoundError,
+    ResourceExhaustedError,
 )
-from bots_client.types import ExperimentConfig, ReportResult, Task
+from bots_client.types import Batch, ExperimentConfig, ReportResult, Task
 
 log = logging.getLogger("bots_client.integrations")
 
@@ -282,6 +285,11 @@ class Curriculum:
             self._client = client
         self._lock = threading.Lock()
         self._open: dict[str, SelectedBatch] = {}
+        # The report running in the background (report_in_background) and
+        # the batches its ReportAndSelect drew ahead, by batch number.
+        self._executor: ThreadPoolExecutor | None = None
+        self._background: Future[list[ReportResult]] | None = None
+        self._prefetched: dict[int, SelectedBatch] = {}
         self._ready = False
         self.next_number = 0
         # The server step of the last report acknowledged to this process (the
@@ -316,6 +324,8 @@ class Curriculum:
         state = self.__dict__.copy()
         state["_client"] = None
         state["_lock"] = None
+        state["_executor"] = None
+        state["_background"] = None  # a copy does not inherit this process's report
         state["listeners"] = []  # loggers live in the process that made them
         return state
 
@@ -409,11 +419,21 @@ class Curriculum:
         (default: the curriculum's). The same number gives the same batch on
         every rank and after a restart."""
         self.ensure_ready()
+        self.wait()  # the next batch comes from the posterior after the last report
         if number is None:
             number = self.next_number
         request_key = self.request_key(number)
         size = self.batch_size if batch_size is None else int(batch_size)
+        with self._lock:
+            ahead = self._prefetched.pop(number, None)
+        if ahead is not None and len(ahead.keys) == size:
+            return ahead
         batch = self.client.select_batch(self.experiment, size, request_key=request_key)
+        return self._selected(batch, number)
+
+    def _selected(self, batch: Batch, number: int) -> SelectedBatch:
+        """Record a batch the server selected under batch number `number`."""
+        request_key = self.request_key(number)
         try:
             indices = tuple(self.index[k] for k in batch.keys)
         except KeyError as e:
@@ -468,9 +488,14 @@ class Curriculum:
             groups, problems = self._attribute(clean, batch)
             batches = [self._open[b] for b in groups]
         if problems:
+            self._unattributed(problems, len(clean), strict)
+        return self._report_groups([(b, {k: clean[k] for k in groups[b.batch_id]}) for b in batches])
+
+    def _unattributed(self, problems: Mapping[str, list[str]], total: int, strict: bool) -> None:
+        if problems:
             dropped = sum(len(keys) for keys in problems.values())
             message = (
-                f"{dropped} of {len(clean)} reported task outcomes of experiment {self.experiment!r} cannot be "
+                f"{dropped} of {total} reported task outcomes of experiment {self.experiment!r} cannot be "
                 f"filed under the batch they came from: "
                 + "; ".join(f"{reason}: {keys[:5]}" for reason, keys in problems.items())
             )
@@ -482,9 +507,62 @@ class Curriculum:
             with self._lock:
                 self.dropped_outcomes += dropped
             log.error("%s; dropped (strict=False): %d dropped so far", message, self.dropped_outcomes)
+
+    def report_in_background(
+        self,
+        outcomes: Mapping[str, tuple[float, int]],
+        *,
+        batch: SelectedBatch | str | int | None = None,
+        strict: bool | None = None,
+        select_next: Literal["always", "if_newest", "never"] = "if_newest",
+    ) -> Future[list[ReportResult]]:
+        """`report`, off the caller's critical path: the outcomes are checked
+        and attributed now (an UnattributedOutcomesError raises here), the
+        report runs on a background thread, and the next `select` waits for
+        it, so the next batch comes from the same posterior as after a
+        synchronous report. A failure is logged at once and raised by the
+        next `select`, `wait` or checkpoint (`resume_state`), never lost.
+
+        A report of one batch may also select the next batch number
+        (`next_number`) in the same call (ReportAndSelect, one transaction
+        on the server); `select` of that number then costs nothing. That is
+        the batch a synchronous run draws only if its next draw comes after
+        this report and before the next one, which the caller knows:
+        `select_next="always"` (e.g. TRL, which reports inside each step),
+        "if_newest" (only when the reported batch is the newest drawn: no
+        loader drew ahead), "never".
+        """
+        self.wait()  # reports stay in order
+        strict = self.strict if strict is None else strict
+        clean = {str(k): (float(s), int(n)) for k, (s, n) in outcomes.items()}
+        with self._lock:
+            groups, problems = self._attribute(clean, batch)
+            batches = [self._open[b] for b in groups]
+        if problems:
+            self._unattributed(problems, len(clean), strict)
+        parts = [(b, {k: clean[k] for k in groups[b.batch_id]}) for b in batches]
+        newest = len(parts) == 1 and parts[0][0].number == self.next_number - 1
+        one = len(parts) == 1 and self.is_reporter
+        ahead = self.next_number if one and (select_next == "always" or (select_next == "if_newest" and newest)) else None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bots-report")
+        future = self._executor.submit(self._report_groups, parts, ahead)
+        future.add_done_callback(_log_failure)
+        self._background = future
+        return future
+
+    def wait(self) -> list[ReportResult]:
+        """The results of the report running in the background (none: []);
+        raises its error."""
+        future, self._background = self._background, None
+        return [] if future is None else future.result()
+
+    def _report_groups(
+        self, parts: Sequence[tuple[SelectedBatch, dict[str, tuple[float, int]]]], ahead: int | None = None
+    ) -> list[ReportResult]:
         results = []
-        for selected in batches:
-            result = self._report_batch(selected, {k: clean[k] for k in groups[selected.batch_id]})
+        for selected, outcomes in parts:
+            result = self._report_batch(selected, outcomes, ahead)
             if result is not None:
                 results.append(result)
         return results
@@ -548,11 +626,17 @@ class Curriculum:
         results = self.report(outcomes, batch=batch, strict=True)
         return results[0] if results else None
 
-    def _report_batch(self, batch: SelectedBatch, outcomes: Mapping[str, tuple[float, int]]) -> ReportResult | None:
+    def _report_batch(
+        self, batch: SelectedBatch, outcomes: Mapping[str, tuple[float, int]], ahead: int | None = None
+    ) -> ReportResult | None:
+        """Report one batch and close it; with `ahead`, select batch number
+        `ahead` in the same call (ReportAndSelect) and keep it for `select`."""
         result = None
         if self.is_reporter:
             try:
-                result = self.client.report_outcomes(self.experiment, batch.batch_id, outcomes)
+                result = None if ahead is None else self._report_and_select(batch, outcomes, ahead)
+                if result is None:
+                    result = self.client.report_outcomes(self.experiment, batch.batch_id, outcomes)
             except FailedPreconditionError as e:
                 if "already reported" not in e.message:
                     raise
@@ -564,6 +648,25 @@ class Curriculum:
             self.acknowledge(result.step)
             if not result.duplicate:
                 self._signal(batch, result, outcomes)
+        return result
+
+    def _report_and_select(
+        self, batch: SelectedBatch, outcomes: Mapping[str, tuple[float, int]], ahead: int
+    ) -> ReportResult | None:
+        """Report `batch` and select batch number `ahead` in one transaction;
+        None when the server refused the pair (e.g. too few tasks free for
+        the next batch): nothing was applied, and the caller reports alone,
+        leaving the next select to raise its own error."""
+        try:
+            result, drawn = self.client.report_and_select(
+                self.experiment, batch.batch_id, outcomes, self.batch_size, request_key=self.request_key(ahead)
+            )
+        except (InvalidArgumentError, FailedPreconditionError, ResourceExhaustedError) as e:
+            log.info("ReportAndSelect refused (%s); reporting batch %d alone", e, batch.number)
+            return None
+        selected = self._selected(drawn, ahead)
+        with self._lock:
+            self._prefetched[ahead] = selected
         return result
 
     def acknowledge(self, step: int) -> None:
@@ -602,7 +705,9 @@ class Curriculum:
     def resume_state(self, next_number: int) -> dict[str, Any]:
         """What a checkpoint taken now needs to resume exactly once: the
         batches drawn before `next_number` that are not reported yet, and the
-        server step of the last acknowledged report."""
+        server step of the last acknowledged report (after the report running
+        in the background, if any, is acknowledged)."""
+        self.wait()
         with self._lock:
             pending = sorted(b.number for b in self._open.values() if b.number < next_number)
             return {"pending": pending, "acknowledged_step": self.acknowledged_step}
@@ -646,6 +751,14 @@ class Curriculum:
 
     def _forget(self, batch_id: str) -> None:
         self._open.pop(batch_id, None)
+
+
+def _log_failure(future: Future[list[ReportResult]]) -> None:
+    """A background report's failure, logged when it happens (it is raised
+    again by the next select or wait)."""
+    error = future.exception()
+    if error is not None:
+        log.error("a report running in the background failed; the next batch will raise it: %s", error)
 
 
 def _unique_index(keys: Sequence[str]) -> dict[str, int]:

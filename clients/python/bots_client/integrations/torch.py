@@ -133,6 +133,7 @@ class _SamplerBase:
         posterior_means: bool = False,
         resume: bool = False,
         strict: bool = True,
+        overlap: bool = True,
     ) -> None:
         if curriculum is None:
             if client is None or experiment is None or keys is None or batch_size is None:
@@ -161,6 +162,8 @@ class _SamplerBase:
         self.num_batches = int(num_batches) if num_batches else max(1, len(curriculum.keys) // curriculum.batch_size)
         self.gather = gather
         self.wait_for_report = wait_for_report
+        self.overlap = overlap
+        self._acknowledgement_due = False  # a collective broadcast owed before the next select
         if on_report is not None:
             curriculum.add_listener(on_report)
         self.step = 0  # the next batch number to draw
@@ -189,9 +192,23 @@ class _SamplerBase:
     def _epoch_batches(self) -> Iterator[tuple[SelectedBatch, list[int]]]:
         end = (self.step // self.num_batches + 1) * self.num_batches
         while self.step < end:
+            self.wait()
             batch = self.curriculum.select(self.step)
             self.last_batch = batch
             yield batch, self.local_indices(batch)
+        self.wait()  # the epoch's last report: its failure surfaces here, not later
+
+    def wait(self) -> list[ReportResult]:
+        """Wait for the report running in the background (overlap=True) and
+        return the server's answers (on the reporting rank; [] elsewhere);
+        raises its error. Under torch.distributed a collective, like
+        `report`: every rank waits until the reporting rank's report is
+        acknowledged. Drawing the next batch calls it."""
+        results = self.curriculum.wait()
+        if self._acknowledgement_due:
+            self._acknowledgement_due = False
+            results = broadcast_acknowledgement(self.curriculum, results)
+        return results
 
     def set_epoch(self, epoch: int) -> None:
         """Go on at epoch `epoch`'s first batch unless already there or past it.
@@ -221,6 +238,13 @@ class _SamplerBase:
         when the loader does not prefetch), or the one open batch holding
         them (`Curriculum.report`).
 
+        With `overlap` (default) the report, and the selection of the next
+        batch with it, run in the background while the trainer works; this
+        returns [] at once (after checking the outcomes) and the next batch,
+        or `wait()`, waits for them and raises their error. The batches and
+        the posterior are those of a synchronous report. With
+        overlap=False it returns the server's answers.
+
         Under torch.distributed with `gather` (default), this is a collective:
         every rank passes its own tasks' outcomes, they are merged, and only
         the reporting rank calls the server. Returns the server's answers on
@@ -228,6 +252,11 @@ class _SamplerBase:
         collective = self.gather if gather is None else gather
         if collective:
             outcomes = all_gather_outcomes(outcomes)
+        if self.overlap:
+            self.wait()
+            self.curriculum.report_in_background(outcomes, batch=batch, strict=strict)
+            self._acknowledgement_due = collective and self.wait_for_report
+            return []
         results = self.curriculum.report(outcomes, batch=batch, strict=strict)
         if collective and self.wait_for_report:
             results = broadcast_acknowledgement(self.curriculum, results)
@@ -252,6 +281,7 @@ class _SamplerBase:
     # -- checkpointing ----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        self.curriculum.wait()  # the checkpoint records the report running in the background
         return {
             "experiment": self.curriculum.experiment,
             "step": self.step,
