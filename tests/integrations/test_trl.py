@@ -337,7 +337,7 @@ def test_real_grpo_trainer_refuses_mismatches_at_start(
 def test_reward_calls_are_filed_under_their_generation_batch(client: bots_client.Client, exp_name: str) -> None:
     keys = [f"task-{i}" for i in range(6)]
     trainer = type("T", (), {"model": None, "num_generations": 2})()
-    bots = BotsGRPO(client, exp_name, keys, config=dataclasses.replace(EXACT, rollouts_per_task=2))
+    bots = BotsGRPO(client, exp_name, keys, config=dataclasses.replace(EXACT, rollouts_per_task=2), overlap=False)
     bots.attach(trainer)
     bots.curriculum.batch_size = 2
     b0, b1 = bots.curriculum.select(0), bots.curriculum.select(1)  # one generation batch ahead
@@ -361,7 +361,7 @@ def test_reward_calls_are_filed_under_their_generation_batch(client: bots_client
     assert (got[b1.keys[0]], got[b1.keys[1]]) == ((1.0, 1.0), (2.0, 0.0))
     # Lenient: what cannot be attributed is dropped and counted.
     lenient = BotsGRPO(client, exp_name + "-l", keys, config=dataclasses.replace(EXACT, rollouts_per_task=2),
-                       strict=False)  # fmt: skip
+                       strict=False, overlap=False)  # fmt: skip
     lenient.attach(trainer)
     lenient.curriculum.batch_size = 2
     drawn = lenient.curriculum.select(0)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from bots_client._calls import config_differences
 from bots_client.client import Client
@@ -514,7 +514,7 @@ class Curriculum:
         *,
         batch: SelectedBatch | str | int | None = None,
         strict: bool | None = None,
-        select_next: Literal["always", "if_newest", "never"] = "if_newest",
+        lookahead: int | None = 0,
     ) -> Future[list[ReportResult]]:
         """`report`, off the caller's critical path: the outcomes are checked
         and attributed now (an UnattributedOutcomesError raises here), the
@@ -527,10 +527,13 @@ class Curriculum:
         (`next_number`) in the same call (ReportAndSelect, one transaction
         on the server); `select` of that number then costs nothing. That is
         the batch a synchronous run draws only if its next draw comes after
-        this report and before the next one, which the caller knows:
-        `select_next="always"` (e.g. TRL, which reports inside each step),
-        "if_newest" (only when the reported batch is the newest drawn: no
-        loader drew ahead), "never".
+        this report and before the next one. The caller knows when: its
+        loader draws `lookahead` batches ahead of the batch it reports (0:
+        none, the torch sampler without workers; 1: accelerate's one-batch
+        prefetch), so the selection is joined to the report only when the
+        reported batch is exactly that far behind the newest drawn (not,
+        e.g., a batch replayed after a resume, or under a loader that drew
+        further ahead). None: never.
         """
         self.wait()  # reports stay in order
         strict = self.strict if strict is None else strict
@@ -541,9 +544,13 @@ class Curriculum:
         if problems:
             self._unattributed(problems, len(clean), strict)
         parts = [(b, {k: clean[k] for k in groups[b.batch_id]}) for b in batches]
-        newest = len(parts) == 1 and parts[0][0].number == self.next_number - 1
-        one = len(parts) == 1 and self.is_reporter
-        ahead = self.next_number if one and (select_next == "always" or (select_next == "if_newest" and newest)) else None
+        joined = (
+            lookahead is not None
+            and self.is_reporter
+            and len(parts) == 1
+            and parts[0][0].number == self.next_number - 1 - lookahead
+        )
+        ahead = self.next_number if joined else None
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bots-report")
         future = self._executor.submit(self._report_groups, parts, ahead)
@@ -731,7 +738,11 @@ class Curriculum:
             self.acknowledged_step = None if acknowledged is None else int(acknowledged)
         if not pending or acknowledged is None:
             return next_number
-        reported_since = self.client.get_experiment(self.experiment).step - int(acknowledged)
+        server_step = self.client.get_experiment(self.experiment).step
+        reported_since = server_step - int(acknowledged)
+        # The server's step now: a checkpoint taken before the next report
+        # must count from here, not from the old checkpoint's step.
+        self.acknowledge(server_step)
         if reported_since >= len(pending):
             return next_number
         first = pending[max(reported_since, 0)]

@@ -51,6 +51,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
@@ -150,6 +151,12 @@ class BotsGRPO:
             (`trainer.train(resume_from_checkpoint=...)` sets it by itself).
         strict: unattributable rewards raise (default); False drops and
             counts them.
+        overlap: report in the background (default): the reward function
+            returns at once, the report and the selection of the batch after
+            next run while the trainer computes advantages and steps, and
+            the next draw waits for them (the same batches and posterior as
+            a synchronous report). `reports` fills as they are acknowledged;
+            `train()` waits for the last one.
     """
 
     def __init__(
@@ -170,6 +177,7 @@ class BotsGRPO:
         log_signals: bool = True,
         resume: bool = False,
         strict: bool = True,
+        overlap: bool = True,
     ) -> None:
         if keys is None:
             if dataset is None:
@@ -197,6 +205,7 @@ class BotsGRPO:
             strict=strict,
         )
         self.trainer: Any = None
+        self.overlap = overlap
         self._step_restored = False
         self.sampler: _RepeatSampler | None = None
         self.reports: list[ReportResult] = []
@@ -279,7 +288,9 @@ class BotsGRPO:
                 # A resumed trainer continues its experiment: say so before setup.
                 if resume_from_checkpoint:
                     bots.curriculum.resume = True
-                return super().train(resume_from_checkpoint, *args, **kwargs)
+                output = super().train(resume_from_checkpoint, *args, **kwargs)
+                bots.wait()  # the last report, acknowledged (or its error raised) before train() returns
+                return output
 
             def _prepare_inputs(self, generation_batch: Any) -> Any:
                 # TRL counts its micro-steps (`_step`, which decides when to
@@ -335,10 +346,31 @@ class BotsGRPO:
         local_keys = [str(k) for k in keys]
         outcomes = aggregate_outcomes(local_keys, clean, success_threshold=self.success_threshold)
         all_keys, merged = _all_gather_keys_and_outcomes(local_keys, outcomes)
+        self.wait()  # the previous generation batch's report (long done: a training step ago)
         batch = self._generation_batch(all_keys)
+        if self.overlap:
+            # TRL reports inside a step, before it draws again. accelerate
+            # draws one batch ahead, so a trainer that generates every step
+            # has drawn the next generation batch already (lookahead 1); one
+            # that generates every few steps draws it later (lookahead 0).
+            args = getattr(self.trainer, "args", None)
+            cycle = 1 if args is None else args.steps_per_generation * self.trainer.num_iterations
+            lookahead = 1 if cycle == 1 else 0
+            future = self.curriculum.report_in_background(merged, batch=batch, lookahead=lookahead)
+            future.add_done_callback(self._acknowledged)
+            return []
         results = self.curriculum.report(merged, batch=batch)
         self.reports.extend(results)
         return results
+
+    def _acknowledged(self, done: Future[list[ReportResult]]) -> None:
+        if done.exception() is None:
+            self.reports.extend(done.result())
+
+    def wait(self) -> list[ReportResult]:
+        """Wait for the report running in the background and return its
+        answers (they join `reports` as they arrive); raises its error."""
+        return self.curriculum.wait()
 
     def _generation_batch(self, keys: Sequence[str]) -> SelectedBatch | None:
         """The open batch this generation scored: the newest one whose tasks
