@@ -24,7 +24,15 @@ from typing import Any, ClassVar
 import pytest
 
 import bots_client
-from bots_client.integrations.vllm import generate_llm, generate_openai, group_flat, rollout, rollout_and_report, score
+from bots_client.integrations.vllm import (
+    EmptyCompletionError,
+    generate_llm,
+    generate_openai,
+    group_flat,
+    rollout,
+    rollout_and_report,
+    score,
+)
 from tests.integrations.conftest import EXACT, counts, need
 
 ANSWERS = {"t0": "4", "t1": "9", "t2": "16"}
@@ -89,9 +97,13 @@ class OpenAIHandler(BaseHTTPRequestHandler):
     {completion,chat_completion}/protocol.py), every field included, choices
     in completion order. A sample stops at max_tokens ("length") when its
     text would be longer; a request without max_tokens gets vLLM's default
-    for completions, 16."""
+    for completions, 16. Chat samples listed in `no_content` come back the
+    way vLLM answers a tool call or a reasoning model cut off at max_tokens:
+    `message.content` None."""
 
     requests: ClassVar[list[dict[str, Any]]] = []
+    no_content: ClassVar[dict[int, str]] = {}  # chat sample -> "tool_calls" | "reasoning"
+    index_per_prompt: ClassVar[bool] = False  # number completion choices 0..n-1 for each prompt (not vLLM's way)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -114,6 +126,16 @@ class OpenAIHandler(BaseHTTPRequestHandler):
                     "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
                                 "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
                 })  # fmt: skip
+                kind = OpenAIHandler.no_content.get(j)
+                if kind == "tool_calls":
+                    choices[-1]["finish_reason"] = "tool_calls"
+                    choices[-1]["message"].update(content=None, tool_calls=[{
+                        "id": f"chatcmpl-tool-{j}", "type": "function",
+                        "function": {"name": "calculator", "arguments": json.dumps({"expression": last})},
+                    }])  # fmt: skip
+                elif kind == "reasoning":
+                    choices[-1]["finish_reason"] = "length"
+                    choices[-1]["message"].update(content=None, reasoning="Let me think step by step")
             response = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1767225600,
                         "model": body["model"], "choices": choices, "service_tier": None,
                         "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
@@ -123,7 +145,8 @@ class OpenAIHandler(BaseHTTPRequestHandler):
             for p, prompt in enumerate(body["prompt"]):
                 for j in range(n):
                     text, reason = finish(f"{prompt}#{j}" if j else f"{prompt}#{j} and more words")
-                    choices.append({"index": p * n + j, "text": text, "logprobs": None, "finish_reason": reason,
+                    index = j if OpenAIHandler.index_per_prompt else p * n + j
+                    choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason,
                                     "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
                                     "prompt_token_ids": None})  # fmt: skip
             response = {"id": "cmpl-1", "object": "text_completion", "created": 1767225600, "model": body["model"],
@@ -144,6 +167,8 @@ class OpenAIHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def endpoint() -> Iterator[str]:
     OpenAIHandler.requests = []
+    OpenAIHandler.no_content = {}
+    OpenAIHandler.index_per_prompt = False
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), OpenAIHandler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -233,3 +258,117 @@ def test_the_official_openai_client_against_vllms_response_schema(
         max_tokens=1,
     )  # fmt: skip
     assert result.step == 1 and rollouts.outcomes == dict.fromkeys(batch.keys, (2.0, 2))
+
+
+def test_caller_sampling_params_must_agree_with_n_and_max_tokens(
+    client: bots_client.Client, exp_name: str, endpoint: str
+) -> None:
+    client.create_experiment(exp_name, EXACT)
+    client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
+    batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
+    prompts = {k: f"{k}?" for k in ANSWERS}
+    llm = FakeLLM()
+    # The caller's SamplingParams used to win silently over max_tokens=1024.
+    short = SimpleNamespace(n=2, max_tokens=16, temperature=0.7)
+    with pytest.raises(ValueError, match=r"sampling_params.max_tokens = 16 but max_tokens=1024"):
+        rollout_and_report(client, exp_name, batch, prompts, 2, verifier, llm=llm, sampling_params=short,
+                           max_tokens=1024)  # fmt: skip
+    with pytest.raises(ValueError, match=r"sampling_params.temperature = 0.7 but temperature=1.0"):
+        rollout(prompts, 2, verifier, llm=llm, sampling_params=short, temperature=1.0)
+    with pytest.raises(ValueError, match=r"sampling_params.n = 1 but n = 2: n is the group size"):
+        rollout(prompts, 2, verifier, llm=llm, sampling_params=SimpleNamespace(n=1, max_tokens=1024))
+    assert llm.calls == []
+    # Agreeing (or no keywords): the caller's object goes to vLLM as it is.
+    params = SimpleNamespace(n=2, max_tokens=1024, temperature=0.7)
+    r = rollout(prompts, 2, verifier, llm=llm, sampling_params=params, max_tokens=1024)
+    assert llm.calls[-1][2] is params and r.outcomes == dict.fromkeys(ANSWERS, (0.0, 2))
+    # The endpoint path: extra_body must not contradict n or the keywords, and
+    # a SamplingParams there (once silently ignored) is refused.
+    for extra, message in (({"max_tokens": 16}, r"extra_body\['max_tokens'\] = 16 but max_tokens=1024"),
+                           ({"n": 4}, r"extra_body\['n'\] = 4 but n=2")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            rollout(prompts, 2, verifier, endpoint=endpoint, model="m", max_tokens=1024, extra_body=extra)
+    with pytest.raises(ValueError, match="max_completion_tokens = 16 but max_tokens=1024"):
+        rollout(prompts, 2, verifier, endpoint=endpoint, model="m", chat=True, max_tokens=1024,
+                max_completion_tokens=16)  # fmt: skip
+    with pytest.raises(TypeError, match="sampling_params= is used with llm= only"):
+        rollout(prompts, 2, verifier, endpoint=endpoint, model="m", sampling_params=params, max_tokens=1024)
+    assert OpenAIHandler.requests == []  # refused before any request
+    # extra_body reaches the server through urllib too (flattened, as the openai client sends it).
+    rollout({"t0": "p"}, 2, verifier, endpoint=endpoint, model="m", max_tokens=8, extra_body={"top_k": 20})
+    assert OpenAIHandler.requests[-1]["top_k"] == 20 and "extra_body" not in OpenAIHandler.requests[-1]
+    assert counts(client, exp_name) == dict.fromkeys(ANSWERS, (0.0, 0.0))  # nothing was reported
+
+
+def test_chat_completion_without_content_raises_unless_scored(
+    client: bots_client.Client, exp_name: str, endpoint: str
+) -> None:
+    conversations = {k: [{"role": "user", "content": ANSWERS[k]}] for k in ANSWERS}  # echoed: "<answer>#<sample>"
+
+    def starts_right(key: str, prompt: Any, completion: str) -> bool:
+        return completion.startswith(ANSWERS[key])
+
+    OpenAIHandler.no_content = {1: "tool_calls"}
+    with pytest.raises(EmptyCompletionError, match=r"task 't0': chat completion choice 1 has no content "
+                       r"\(finish_reason 'tool_calls'; it holds tool_calls\).*on_empty=\"score\""):  # fmt: skip
+        rollout(conversations, 2, starts_right, endpoint=endpoint, model="m", chat=True, max_tokens=8)
+    OpenAIHandler.no_content = {0: "reasoning"}
+    with pytest.raises(EmptyCompletionError, match=r"prompt 0: chat .* 0 .*'length'; it holds reasoning"):
+        generate_openai(endpoint, "m", [conversations["t0"]], 2, chat=True, max_tokens=8)
+    # Lenient: verified as "" (a failure here) and counted in the result.
+    client.create_experiment(exp_name, EXACT)
+    client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
+    batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
+    rollouts, result = rollout_and_report(client, exp_name, batch, conversations, 2, starts_right, endpoint=endpoint,
+                                          model="m", chat=True, max_tokens=8, on_empty="score")  # fmt: skip
+    assert rollouts.empty == 2 and [g[0] for g in rollouts.completions] == ["", ""]
+    assert rollouts.outcomes == dict.fromkeys(batch.keys, (1.0, 2)) and result.step == 1
+    with pytest.raises(ValueError, match="on_empty must be"):
+        rollout(conversations, 2, starts_right, endpoint=endpoint, model="m", chat=True, max_tokens=8, on_empty="skip")
+    # A generate= callable's None is held to the same rule.
+    with pytest.raises(EmptyCompletionError, match="task 't1': generate's sample 1 has no content"):
+        rollout({"t1": "3*3="}, 2, verifier, generate=lambda texts, n: [["9", None] for _ in texts])
+    lenient = rollout({"t1": "3*3="}, 2, verifier, generate=lambda texts, n: [["9", None]], on_empty="score")
+    assert (lenient.empty, lenient.outcomes) == (1, {"t1": (1.0, 2)})
+    # Through the official openai client as well.
+    openai = need("openai")
+    api = openai.OpenAI(base_url=endpoint, api_key="k", max_retries=0)
+    OpenAIHandler.no_content = {1: "tool_calls"}
+    with pytest.raises(EmptyCompletionError, match="task 't2': chat completion choice 1 has no content"):
+        rollout({"t2": conversations["t2"]}, 2, starts_right, openai_client=api, model="m", chat=True, max_tokens=8)
+
+
+def test_generate_must_return_one_group_of_n_per_prompt(
+    client: bots_client.Client, exp_name: str, endpoint: str
+) -> None:
+    client.create_experiment(exp_name, EXACT)
+    client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
+    batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
+    prompts = {k: f"{k}?" for k in ANSWERS}
+    first, second = batch.keys
+    # Trials 1 and 3 for n = 2: the right total, the wrong groups.
+    uneven = {first: ["x"], second: ["x", "x", "x"]}
+    with pytest.raises(ValueError, match=rf"task {first!r}: got 1 completions, expected n = 2"):
+        rollout_and_report(client, exp_name, batch, prompts, 2, verifier,
+                           generate=lambda texts, n: [uneven[k] for k in batch.keys])  # fmt: skip
+    with pytest.raises(ValueError, match="generate returned 1 groups for 2 prompts"):
+        rollout_and_report(client, exp_name, batch, prompts, 2, verifier, generate=lambda texts, n: [["x", "x"]])
+    with pytest.raises(TypeError, match="generate returned a str"):
+        rollout_and_report(client, exp_name, batch, prompts, 2, verifier, generate=lambda texts, n: ["xx", "xx"])
+    with pytest.raises(TypeError, match="generate= takes no sampling parameters"):
+        rollout_and_report(client, exp_name, batch, prompts, 2, verifier,
+                           generate=lambda texts, n: [["x"] * n for _ in texts], max_tokens=64)  # fmt: skip
+    assert counts(client, exp_name) == dict.fromkeys(ANSWERS, (0.0, 0.0))  # nothing was reported
+    # score and group_flat hold the same line.
+    with pytest.raises(ValueError, match=r"task 't1': got 3 completions, expected n = 2"):
+        score(["t0", "t1"], ["a", "b"], [["4", "4"], ["9", "9", "9"]], verifier, n=2)
+    with pytest.raises(ValueError, match=r"task 't1': got 0 completions, expected at least one"):
+        score(["t0", "t1"], ["a", "b"], [["4"], []], verifier)
+    with pytest.raises(ValueError, match="one group of completions per task"):
+        score(["t0", "t1"], ["a", "b"], [["4", "4"]], verifier, n=2)
+    with pytest.raises(ValueError, match="5 completions are not a whole number of groups of n = 2"):
+        group_flat(["4"] * 5, 2)
+    # A server numbering choices per prompt would leave groups half empty.
+    OpenAIHandler.index_per_prompt = True
+    with pytest.raises(RuntimeError, match=r"numbered choices \[0, 0, 1, 1\], expected each of 0..3 once"):
+        generate_openai(endpoint, "m", ["a", "b"], 2, max_tokens=8)

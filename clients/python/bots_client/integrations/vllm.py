@@ -26,6 +26,14 @@ default is 16 tokens (SamplingParams and /v1/completions alike), which
 silently truncates every rollout and turns the verifier's answer into noise.
 Completions that stop at the limit (finish_reason "length") are counted and
 logged as a WARNING.
+
+Nothing is scored that was not generated as asked: a caller's SamplingParams
+(or `extra_body`) that disagrees with `n=`, `max_tokens=` or another keyword
+raises ValueError; a chat completion without `message.content` (a tool call, a
+refusal, a reasoning model that spent max_tokens on reasoning) raises
+EmptyCompletionError unless `on_empty="score"`, which verifies it as "" and
+counts it in `Rollouts.empty`; a `generate=` callable must return exactly one
+group of n completions per prompt.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from bots_client.integrations._core import aggregate_outcomes
 from bots_client.types import ReportResult
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
     from bots_client.client import Client
 
 __all__ = [
+    "EmptyCompletionError",
     "Rollouts",
     "generate_llm",
     "generate_openai",
@@ -59,6 +68,15 @@ log = logging.getLogger("bots_client.integrations.vllm")
 # (task key, prompt, completion) -> reward (bool or float)
 Verifier = Callable[[str, Any, str], Any]
 Generate = Callable[[Sequence[Any], int], Sequence[Sequence[str]]]
+# What to do with a completion that came back without content: "raise"
+# (EmptyCompletionError), or "score" (verify it as "" and count it).
+OnEmpty = Literal["raise", "score"]
+
+
+class EmptyCompletionError(RuntimeError):
+    """A completion came back without content (`message.content` is None):
+    scoring it would invent a reward. Pass `on_empty="score"` to verify such
+    completions as "" and count them in `Rollouts.empty` instead."""
 
 
 @dataclass
@@ -70,6 +88,8 @@ class Rollouts:
     completions: list[list[str]]
     rewards: list[list[float]]
     outcomes: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # completions that came back without content, verified as "" (on_empty="score")
+    empty: int = 0
 
     @property
     def success_rate(self) -> dict[str, float]:
@@ -81,7 +101,10 @@ def group_flat(flat: Sequence[Any], n: int) -> list[list[Any]]:
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     if len(flat) % n:
-        raise ValueError(f"{len(flat)} completions are not a whole number of groups of n = {n}")
+        raise ValueError(
+            f"{len(flat)} completions are not a whole number of groups of n = {n}: "
+            "pass exactly n completions per prompt, prompt by prompt"
+        )
     return [list(flat[i : i + n]) for i in range(0, len(flat), n)]
 
 
@@ -92,17 +115,30 @@ def score(
     verifier: Verifier,
     *,
     success_threshold: float | None = 0.5,
+    n: int | None = None,
 ) -> Rollouts:
     """Verify every completion and count per-task successes and trials
     (a reward >= success_threshold is a success; None: rewards in [0, 1]
     count fractionally). Nothing is filtered: all-correct and all-wrong
-    groups are the evidence the posterior needs."""
+    groups are the evidence the posterior needs. With `n`, every group
+    must hold exactly n completions (the trials the report counts)."""
     if not len(keys) == len(prompts) == len(completions):
-        raise ValueError(f"got {len(keys)} keys, {len(prompts)} prompts and {len(completions)} completion groups")
+        raise ValueError(
+            f"got {len(keys)} keys, {len(prompts)} prompts and {len(completions)} completion groups: "
+            "pass one group of completions per task, in key order"
+        )
     rewards: list[list[float]] = []
     flat_keys: list[str] = []
     flat_rewards: list[float] = []
     for key, prompt, group in zip(keys, prompts, completions):
+        if isinstance(group, str):
+            raise TypeError(f"task {key!r}: the completion group is a str; pass a list of completions per task")
+        if not group or (n is not None and len(group) != n):
+            expected = f"n = {n}" if n is not None else "at least one"
+            raise ValueError(
+                f"task {key!r}: got {len(group)} completions, expected {expected}: "
+                "every task's group must hold the n samples generated for it"
+            )
         group_rewards = [float(verifier(key, prompt, completion)) for completion in group]
         rewards.append(group_rewards)
         flat_keys.extend([key] * len(group))
@@ -137,20 +173,43 @@ def warn_truncated(finish_reasons: Sequence[Any], max_tokens: Any) -> int:
     return truncated
 
 
+def check_caller_params(params: Any, n: int, given: Mapping[str, Any]) -> None:
+    """A caller's SamplingParams is used as it is: refuse one whose `n`
+    differs from the requested n, or that disagrees with (or lacks) a
+    parameter also given as a keyword, which would otherwise be ignored."""
+    if getattr(params, "n", n) != n:
+        raise ValueError(
+            f"sampling_params.n = {params.n} but n = {n}: n is the group size every task's trials are "
+            f"counted by; pass SamplingParams(n={n}, ...)"
+        )
+    for name, value in given.items():
+        if not hasattr(params, name):
+            raise TypeError(
+                f"{name}={value!r} was passed with sampling_params, which has no {name}: "
+                "set it on the SamplingParams instead"
+            )
+        if getattr(params, name) != value:
+            raise ValueError(
+                f"sampling_params.{name} = {getattr(params, name)!r} but {name}={value!r}: the SamplingParams "
+                f"would silently win; make them agree or pass {name} in one place only"
+            )
+
+
 def generate_llm(
     llm: Any, prompts: Sequence[Any], n: int, sampling_params: Any = None, *, chat: bool = False, **sampling: Any
 ) -> list[list[str]]:
     """n completions per prompt from a vLLM `LLM` (`llm.generate`, or
     `llm.chat` for conversations), in prompt order. Without
     `sampling_params`, builds `vllm.SamplingParams(n=n, **sampling)`, which
-    needs `max_tokens`."""
+    needs `max_tokens`. A caller's `sampling_params` is used as it is; its
+    `n` must be n, and keywords given beside it must agree with it."""
     if sampling_params is None:
         require_max_tokens(sampling)
         from vllm import SamplingParams
 
         sampling_params = SamplingParams(n=n, **sampling)
-    elif getattr(sampling_params, "n", n) != n:
-        raise ValueError(f"sampling_params.n = {sampling_params.n} but n = {n}")
+    else:
+        check_caller_params(sampling_params, n, sampling)
     outputs = (llm.chat if chat else llm.generate)(list(prompts), sampling_params)
     if len(outputs) != len(prompts):
         raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
@@ -178,6 +237,30 @@ def _post(url: str, body: Mapping[str, Any], api_key: str | None, timeout: float
         raise RuntimeError(f"POST {url} failed with HTTP {e.code}: {e.read()[:500]!r}") from None
 
 
+def content_of(text: Any, on_empty: OnEmpty, where: str, choice: Mapping[str, Any] | None = None) -> tuple[str, bool]:
+    """A completion's text, and whether it came back without content (None):
+    that raises unless on_empty == "score", which makes it ""."""
+    if text is not None:
+        return text, False
+    if on_empty == "score":
+        return "", True
+    detail = ""
+    if choice is not None:
+        message = choice.get("message") or {}
+        held = [f for f in ("tool_calls", "refusal", "reasoning", "reasoning_content") if message.get(f)]
+        detail = f" (finish_reason {choice.get('finish_reason')!r}{'; it holds ' + ', '.join(held) if held else ''})"
+    raise EmptyCompletionError(
+        f"{where} has no content{detail}: a tool call, a refusal or a reasoning model that spent max_tokens "
+        "on reasoning is no answer to verify, and scoring it as a failure would invent a reward. Fix the request "
+        '(no tools, a larger max_tokens) or pass on_empty="score" to verify it as "" and count it in Rollouts.empty'
+    )
+
+
+def check_on_empty(on_empty: str) -> None:
+    if on_empty not in ("raise", "score"):
+        raise ValueError(f'on_empty must be "raise" or "score", got {on_empty!r}')
+
+
 def generate_openai(
     endpoint: str | None,
     model: str,
@@ -188,49 +271,115 @@ def generate_openai(
     api_key: str | None = None,
     timeout: float = 600.0,
     openai_client: Any = None,
+    on_empty: OnEmpty = "raise",
     **params: Any,
 ) -> list[list[str]]:
     """n completions per prompt from an OpenAI-compatible server (vLLM's
     `vllm serve`). Completions: one request for all prompts; vLLM numbers the
     choices prompt_index * n + sample. Chat: one request per conversation.
-    With `openai_client` (an `openai.OpenAI`), requests go through it (vLLM-only
-    sampling parameters then belong in `extra_body={...}`); else through
-    urllib to `endpoint`. `max_tokens` is required."""
+    With `openai_client` (an `openai.OpenAI`), requests go through it; else
+    through urllib to `endpoint`. vLLM-only sampling parameters belong in
+    `extra_body={...}` (merged into the request on both paths; it must not
+    contradict `n` or the keywords). `max_tokens` is required. A completion
+    without content raises EmptyCompletionError; with `on_empty="score"` it
+    becomes "" (counted in `rollout`'s `Rollouts.empty`, logged here)."""
+    return _generate_openai(
+        endpoint, model, prompts, n, [f"prompt {i}" for i in range(len(prompts))], chat=chat, api_key=api_key,
+        timeout=timeout, openai_client=openai_client, on_empty=on_empty, **params,
+    )[0]  # fmt: skip
+
+
+def _generate_openai(
+    endpoint: str | None,
+    model: str,
+    prompts: Sequence[Any],
+    n: int,
+    labels: Sequence[str],
+    *,
+    chat: bool = False,
+    api_key: str | None = None,
+    timeout: float = 600.0,
+    openai_client: Any = None,
+    on_empty: OnEmpty = "raise",
+    **params: Any,
+) -> tuple[list[list[str]], int]:
+    """generate_openai, naming prompts by `labels` in errors; also returns
+    how many completions came back without content."""
     require_max_tokens(params)
+    check_on_empty(on_empty)
     if openai_client is None and not endpoint:
         raise TypeError("pass endpoint= or openai_client=")
+    extra = dict(params.pop("extra_body", None) or {})
+    bounds = {"model": model, "n": n, **params}
+    for name, value in extra.items():
+        if name in ("prompt", "messages"):
+            raise ValueError(f"extra_body[{name!r}] would replace the prompts; pass prompts only")
+        if name in bounds and bounds[name] != value:
+            raise ValueError(
+                f"extra_body[{name!r}] = {value!r} but {name}={bounds[name]!r}: extra_body would silently win; "
+                f"make them agree or pass {name} in one place only"
+            )
+    given = {**bounds, **extra}
+    if given.get("max_completion_tokens", given["max_tokens"]) != given["max_tokens"]:
+        raise ValueError(
+            f"max_completion_tokens = {given['max_completion_tokens']!r} but max_tokens={given['max_tokens']!r}: "
+            "vLLM would silently use max_completion_tokens; pass one of them"
+        )
 
     def post(path: str, body: dict[str, Any]) -> Any:
         if openai_client is not None:
             api = openai_client.chat.completions if path == "chat/completions" else openai_client.completions
-            return api.create(**body, timeout=timeout).model_dump()
+            return api.create(**body, **({"extra_body": extra} if extra else {}), timeout=timeout).model_dump()
         assert endpoint is not None
-        return _post(f"{endpoint.rstrip('/')}/{path}", body, api_key, timeout)
+        return _post(f"{endpoint.rstrip('/')}/{path}", {**body, **extra}, api_key, timeout)
 
     reasons: list[Any] = []
+    empty = 0
     if chat:
         conversations: list[list[str]] = []
-        for messages in prompts:
+        for label, messages in zip(labels, prompts):
             choices = sorted(
                 post("chat/completions", {"model": model, "messages": messages, "n": n, **params})["choices"],
                 key=lambda c: c["index"],
             )
             if len(choices) != n:
-                raise RuntimeError(f"the server returned {len(choices)} choices, expected n = {n}")
-            conversations.append([c["message"]["content"] or "" for c in choices])
+                raise RuntimeError(f"{label}: the server returned {len(choices)} choices, expected n = {n}")
+            group = []
+            for c in choices:
+                where = f"{label}: chat completion choice {c['index']}"
+                text, was_empty = content_of(c["message"]["content"], on_empty, where, c)
+                group.append(text)
+                empty += was_empty
+            conversations.append(group)
             reasons.extend(c.get("finish_reason") for c in choices)
         warn_truncated(reasons, params["max_tokens"])
-        return conversations
+        warn_empty(empty, len(reasons))
+        return conversations, empty
     choices = post("completions", {"model": model, "prompt": list(prompts), "n": n, **params})["choices"]
     if len(choices) != n * len(prompts):
         raise RuntimeError(f"the server returned {len(choices)} choices for {len(prompts)} prompts x n = {n}")
-    groups: list[list[str]] = [[""] * n for _ in prompts]
+    slots: list[list[str | None]] = [[None] * n for _ in prompts]
     for choice in choices:
         prompt_index, sample = divmod(int(choice["index"]), n)
-        groups[prompt_index][sample] = choice["text"]
+        if not 0 <= prompt_index < len(prompts) or slots[prompt_index][sample] is not None:
+            raise RuntimeError(
+                f"the server numbered choices {sorted(int(c['index']) for c in choices)}, expected each of "
+                f"0..{n * len(prompts) - 1} once (prompt_index * n + sample, as vLLM does)"
+            )
+        where = f"{labels[prompt_index]}: completion choice {choice['index']}"
+        text, was_empty = content_of(choice["text"], on_empty, where, choice)
+        slots[prompt_index][sample] = text
+        empty += was_empty
         reasons.append(choice.get("finish_reason"))
     warn_truncated(reasons, params["max_tokens"])
-    return groups
+    warn_empty(empty, len(reasons))
+    return [[t or "" for t in group] for group in slots], empty
+
+
+def warn_empty(empty: int, total: int) -> None:
+    if empty:
+        log.warning('%d of %d completions came back without content and are verified as "" (on_empty="score")',
+                    empty, total)  # fmt: skip
 
 
 def rollout(
@@ -246,26 +395,67 @@ def rollout(
     sampling_params: Any = None,
     chat: bool = False,
     success_threshold: float | None = 0.5,
+    on_empty: OnEmpty = "raise",
     **params: Any,
 ) -> Rollouts:
     """Generate n samples for every task (key -> prompt) with exactly one of
     `llm`, `endpoint` (+ `model`), `openai_client` (an `openai.OpenAI`, +
     `model`) or `generate`, and score them. `max_tokens` is required with
-    `llm` (unless `sampling_params` is given), `endpoint` and `openai_client`."""
+    `llm` (unless `sampling_params` is given), `endpoint` and `openai_client`.
+    `sampling_params` goes with `llm` only, and sampling keywords not with
+    `generate` (bind them in the callable), which must return one group of
+    exactly n completions per prompt, in prompt order. A completion without
+    content raises EmptyCompletionError unless `on_empty="score"`: then it is
+    verified as "" and counted in `Rollouts.empty`."""
     if sum(x is not None for x in (llm, endpoint, generate, openai_client)) != 1:
         raise TypeError("pass exactly one of llm=, endpoint=, openai_client= or generate=")
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    check_on_empty(on_empty)
+    if sampling_params is not None and llm is None:
+        raise TypeError(
+            "sampling_params= is used with llm= only (it would be ignored here); pass its fields as keywords "
+            "(max_tokens=..., temperature=...) with endpoint=/openai_client=, or bind them in generate="
+        )
+    if generate is not None and params:
+        raise TypeError(
+            f"generate= takes no sampling parameters (got {sorted(params)}, which would be ignored); "
+            "bind them in the callable"
+        )
     keys = list(prompts)
     texts = [prompts[k] for k in keys]
+    empty = 0
     if llm is not None:
         completions = generate_llm(llm, texts, n, sampling_params, chat=chat, **params)
     elif endpoint is not None or openai_client is not None:
         if not model:
             raise TypeError("endpoint= and openai_client= need model=")
-        completions = generate_openai(endpoint, model, texts, n, chat=chat, openai_client=openai_client, **params)
+        completions, empty = _generate_openai(
+            endpoint, model, texts, n, [f"task {k!r}" for k in keys], chat=chat, openai_client=openai_client,
+            on_empty=on_empty, **params,
+        )  # fmt: skip
     else:
         assert generate is not None
-        completions = [list(g) for g in generate(texts, n)]
-    return score(keys, texts, completions, verifier, success_threshold=success_threshold)
+        groups = list(generate(texts, n))
+        if len(groups) != len(keys):
+            raise ValueError(
+                f"generate returned {len(groups)} groups for {len(keys)} prompts: "
+                f"it must return one group of n = {n} completions per prompt, in prompt order"
+            )
+        completions = []
+        for key, group in zip(keys, groups):
+            if isinstance(group, str):
+                raise TypeError(f"task {key!r}: generate returned a str, not a group of n = {n} completions")
+            checked = []
+            for j, completion in enumerate(group):
+                text, was_empty = content_of(completion, on_empty, f"task {key!r}: generate's sample {j}")
+                checked.append(text)
+                empty += was_empty
+            completions.append(checked)
+        warn_empty(empty, sum(len(g) for g in completions))
+    rollouts = score(keys, texts, completions, verifier, success_threshold=success_threshold, n=n)
+    rollouts.empty = empty
+    return rollouts
 
 
 def rollout_and_report(
