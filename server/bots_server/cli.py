@@ -45,7 +45,8 @@ DEFAULT_CALL_SECONDS = 10.0
 
 def _serve(args: argparse.Namespace) -> int:
     from bots_server.core import allocator
-    from bots_server.service.server import serve
+    from bots_server.service.server import serve, usable_cores
+    from bots_server.service.supervisor import Supervisor, process_count
 
     allocator.configure()
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see
@@ -53,6 +54,9 @@ def _serve(args: argparse.Namespace) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = settings.from_args(args)
     logs.configure(config.log_level, config.log_format, config.audit_log)
+    processes = process_count(config, usable_cores())
+    if processes > 1:
+        return Supervisor(config, processes, args.argv).run()
     asyncio.run(serve(config))
     return 0
 
@@ -399,6 +403,7 @@ def _one_line(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a supervisor starts its processes with them
     try:
         return int(args.run(args))
     except bots_client.UnavailableError as e:

@@ -61,6 +61,13 @@ SETTINGS = (
     ),
     Setting("--workers", "BOTS_WORKERS", "8", "threads for database and numpy work"),
     Setting(
+        "--processes",
+        "BOTS_PROCESSES",
+        "0",
+        "server processes behind the one --listen address (PostgreSQL only; each uses a core); 0: the CPUs this "
+        "container may use on PostgreSQL, 1 on SQLite",
+    ),
+    Setting(
         "--database-timeout-seconds",
         "BOTS_DATABASE_TIMEOUT_SECONDS",
         "5",
@@ -168,6 +175,7 @@ class ServerSettings:
     grace_seconds: float = 20.0
     shutdown_seconds: float = 45.0
     workers: int = 8
+    processes: int = 1
     database_timeout_seconds: float = 5.0
     log_level: str = "INFO"
     log_format: str = "text"
@@ -282,6 +290,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             grace_seconds=_amount(args.grace_seconds, "--grace-seconds"),
             shutdown_seconds=_shutdown_seconds(args),
             workers=int(args.workers),
+            processes=_count(args.processes, "--processes"),
             database_timeout_seconds=float(args.database_timeout_seconds),
             log_level=args.log_level.upper(),
             log_format=args.log_format,

@@ -45,11 +45,6 @@ class MetricsServer(ServerProcess):
         return self
 
     @property
-    def metrics_port(self) -> int:
-        serving = next(e for e in self.log_lines if e.get("message") == "serving")
-        return int(str(serving["metrics_port"]))
-
-    @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 

@@ -36,6 +36,7 @@ from bots_server.service.credentials import Credentials, CredentialsFile, static
 from bots_server.service.interceptors import MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
 from bots_server.service.servicer import TaskSelectorServicer
+from bots_server.service.supervisor import SUPERVISED_ENV
 from bots_server.settings import ServerSettings, split_host_port
 from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store
 
@@ -49,6 +50,7 @@ READINESS_SERVICE = SERVICE_NAME
 # No SO_REUSEPORT (grpc's default): a second server on a port in use must
 # fail, not silently take part of the new connections.
 _NO_REUSEPORT = (("grpc.so_reuseport", 0),)
+_REUSEPORT = (("grpc.so_reuseport", 1),)
 _MB = 1024 * 1024
 
 
@@ -90,7 +92,10 @@ class BotsServer:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        parallel.use_cores(usable_cores())
+        # A process of a supervised server (service/supervisor.py) shares the
+        # address and the cores with the others; any other server has both alone.
+        siblings = int(os.environ.get(SUPERVISED_ENV, "0") or 0)
+        parallel.use_cores(max(1, usable_cores() // siblings) if siblings else usable_cores())
         self.metrics = Metrics(version=bots_server.__version__)
         self.credentials_file, credentials = _credentials(settings)
         self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)
@@ -119,7 +124,8 @@ class BotsServer:
             interceptors.insert(0, TracingInterceptor())
         if credentials is not None:
             interceptors.append(AuthInterceptor(credentials, self.metrics.tenant_calls))
-        self.server = grpc.aio.server(interceptors=interceptors, options=_NO_REUSEPORT)
+        options = _REUSEPORT if siblings else _NO_REUSEPORT
+        self.server = grpc.aio.server(interceptors=interceptors, options=options)
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
         bounds = StreamBounds(max_tasks=settings.max_stream_tasks, max_bytes=int(settings.max_stream_mb * _MB))
         handlers.register(self.server, TaskSelectorServicer(self.selector, bounds))
@@ -134,7 +140,7 @@ class BotsServer:
         self.health_server: grpc.aio.Server | None = None
         self.health_port: int | None = None
         if settings.health_listen:
-            self.health_server = grpc.aio.server(options=_NO_REUSEPORT)
+            self.health_server = grpc.aio.server(options=options)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
             self.health_port = _listen(self.health_server, settings.health_listen, None)
         self.metrics_port: int | None = None

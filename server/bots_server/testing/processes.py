@@ -17,12 +17,22 @@ class ServerProcess:
     """`bots-server serve` in a child process, listening on a free port.
 
     The port is read from the server's own "serving" log line, so there is no
-    race for a pre-picked free port.
+    race for a pre-picked free port. `processes`: one server process (the
+    default here, whatever the machine), or a supervisor of that many
+    (PostgreSQL), ready once each of them serves.
     """
 
-    def __init__(self, db_url: str, *, extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        processes: int = 1,
+    ) -> None:
         self.db_url = db_url
         self.extra_args = list(extra_args)
+        self.processes = processes
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
@@ -33,11 +43,19 @@ class ServerProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def metrics_port(self) -> int:
+        """The /metrics port: the supervisor's (one endpoint for all its
+        processes), or the one server's."""
+        first = "supervising" if self.processes > 1 else "serving"
+        entry = next(e for e in self.log_lines if e.get("message") == first)
+        return int(str(entry["metrics_port"]))
+
     def start(self, listen: str = "127.0.0.1:0", timeout: float = 60.0) -> ServerProcess:
         cmd = [
             sys.executable, "-m", "bots_server.cli", "serve",
             "--db", self.db_url, "--listen", listen, "--log-format", "json",
-            "--metrics-listen", "127.0.0.1:0", *self.extra_args,
+            "--metrics-listen", "127.0.0.1:0", "--processes", str(self.processes), *self.extra_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=self.env)
         ready = threading.Event()
@@ -50,8 +68,12 @@ class ServerProcess:
                 except json.JSONDecodeError:
                     entry = {"message": line.rstrip()}
                 self.log_lines.append(entry)
-                if entry.get("message") == "serving":
+                serving = sum(1 for e in self.log_lines if e.get("message") == "serving")
+                if entry.get("message") == "serving" and self.processes == 1:
                     self.port = int(entry["port"])
+                if entry.get("message") == "supervising":
+                    self.port = int(entry["port"])
+                if self.port and serving >= self.processes:
                     ready.set()
 
         self._reader = threading.Thread(target=read, daemon=True)
