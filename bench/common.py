@@ -200,11 +200,12 @@ def postgres_available() -> bool:
     return available()
 
 
-def server_process(db_url: str, extra_args: Sequence[str] = ()):  # -> bots_server.testing.processes.ServerProcess
-    """`bots-server serve` as a child process on a free loopback port."""
+def server_process(db_url: str, extra_args: Sequence[str] = (), processes: int = 1):  # -> ServerProcess
+    """`bots-server serve` as a child process on a free loopback port
+    (`processes` > 1: a supervisor of that many, PostgreSQL only)."""
     from bots_server.testing.processes import ServerProcess
 
-    return ServerProcess(db_url, extra_args=list(extra_args))
+    return ServerProcess(db_url, extra_args=list(extra_args), processes=processes)
 
 
 def rss_bytes(pid: int) -> tuple[int, int]:

@@ -72,6 +72,8 @@ class PerfConfig:
     throughput_seconds: float = 10.0
     throughput_batch: int = 64  # the issue's 64 experiments x 10k tasks, batch 64
     throughput_replicas: tuple[int, ...] = (1, 2, 3)  # servers on one database (PostgreSQL only)
+    # `serve --processes P` (PostgreSQL only), one address, each loop on a connection of its own.
+    throughput_processes: tuple[int, ...] = ()
     # How a loop steps: "separate" SelectBatch + ReportOutcomes, "combined" ReportAndSelect; each level runs each, in turn.
     throughput_steps: tuple[str, ...] = ("separate", "combined")
     breakdown_pool: int = 100_000
@@ -557,8 +559,12 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     }
     names = [f"tp-{i}" for i in range(most)]
     replica_counts = cfg.throughput_replicas if backend == "postgresql" else (1,)
-    for replicas in replica_counts:
-        servers = [common.server_process(url).start() for _ in range(replicas)]
+    # (replicas, processes of each): the replicas, then one server of P processes.
+    deployments = [(r, 1) for r in replica_counts]
+    if backend == "postgresql":
+        deployments += [(1, p) for p in cfg.throughput_processes]
+    for replicas, processes in deployments:
+        servers = [common.server_process(url, processes=processes).start() for _ in range(replicas)]
         try:
             if not results["levels"]:
                 tasks = make_tasks(cfg.throughput_pool)
@@ -572,14 +578,18 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                     f"{time.perf_counter() - started:.0f} s"
                 )
             addresses = [server.address for server in servers]
-            pids = [server.proc.pid for server in servers]
+            pids = [pid for server in servers for pid in _server_pids(server.proc.pid)]
             for level in cfg.throughput_levels:
                 for kind in cfg.throughput_steps:
-                    level_result = asyncio.run(_throughput_level(addresses, names[:level], cfg, pids, kind))
+                    level_result = asyncio.run(
+                        _throughput_level(addresses, names[:level], cfg, pids, kind, own_connections=processes > 1)
+                    )
                     level_result["replicas"] = replicas
+                    level_result["processes"] = processes
                     results["levels"].append(level_result)
                     log(
-                        f"    {backend}: {replicas} replica(s), {level:>3} concurrent experiments, {kind}: "
+                        f"    {backend}: {replicas} replica(s) x {processes} process(es), {level:>3} concurrent "
+                        f"experiments, {kind}: "
                         f"{level_result['steps_per_s']:.1f} steps/s, step p50 {level_result['cycle']['p50']:.1f} ms "
                         f"(p99 {level_result['cycle']['p99']:.1f}), server CPU {level_result['server_cpu_share']:.2f} "
                         f"cores (event loop threads {level_result['loop_thread_cpu_share']:.2f}), "
@@ -591,14 +601,38 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     return results
 
 
+def _server_pids(pid: int) -> list[int]:
+    """A server's process and, for a supervisor, the processes it runs."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(int(c) for c in children)]
+
+
 async def _throughput_level(
-    addresses: Sequence[str], names: Sequence[str], cfg: PerfConfig, pids: Sequence[int], kind: str = "separate"
+    addresses: Sequence[str],
+    names: Sequence[str],
+    cfg: PerfConfig,
+    pids: Sequence[int],
+    kind: str = "separate",
+    own_connections: bool = False,
 ) -> dict[str, Any]:
     """One level: a loop per experiment, stepping it by `kind` (see
-    PerfConfig.throughput_steps) as fast as the server answers."""
+    PerfConfig.throughput_steps) as fast as the server answers. With
+    `own_connections`, each loop has a connection of its own (as trainers in
+    their own processes have), so a server of several processes gets them
+    spread by the kernel; else the loops of one address share one."""
+    import grpc
+
     import bots_client
 
-    clients = [bots_client.AsyncClient(address, timeout=120) for address in addresses]
+    if own_connections:
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        clients = [
+            bots_client.AsyncClient(address, timeout=120, channel=grpc.aio.insecure_channel(address, options=options))
+            for address in addresses
+            for _ in names
+        ]
+    else:
+        clients = [bots_client.AsyncClient(address, timeout=120) for address in addresses]
     sel: list[float] = []
     rep: list[float] = []
     cycles: list[float] = []
@@ -1185,13 +1219,14 @@ def _other_tables(result: dict[str, Any]) -> list[str]:
             f"{result['throughput'][0].get('batch', BATCH)}, one loop per experiment stepping it by SelectBatch + "
             "ReportOutcomes (separate) or ReportAndSelect (combined); server CPU summed over the replicas:",
             "",
-            "| backend | replicas | experiments | step | steps/s | step p50 / p99 ms | server CPU (cores) | of it event loop threads | bench client CPU | errors |",
+            "| backend | replicas x processes | experiments | step | steps/s | step p50 / p99 ms | server CPU (cores) | of it event loop threads | bench client CPU | errors |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for t in result["throughput"]:
             for lv in t["levels"]:
                 lines.append(
-                    f"| {t['backend']} | {lv.get('replicas', 1)} | {lv['experiments']} | {lv.get('step_kind', 'separate')} "
+                    f"| {t['backend']} | {lv.get('replicas', 1)} x {lv.get('processes', 1)} | {lv['experiments']} "
+                    f"| {lv.get('step_kind', 'separate')} "
                     f"| {lv['steps_per_s']:.1f} | {_ms(lv['cycle'])} | "
                     f"{lv['server_cpu_share']:.2f} | {lv.get('loop_thread_cpu_share', float('nan')):.2f} "
                     f"| {lv['client_cpu_share']:.2f} | {sum(lv['errors'].values())} |"
@@ -1277,6 +1312,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--throughput-replicas", default=None, help="comma-separated PostgreSQL server replicas (default 1,2,3)"
     )
     parser.add_argument(
+        "--throughput-processes",
+        default=None,
+        help="comma-separated process counts of one `serve --processes P` on PostgreSQL, e.g. 1,2,4,8 (default none)",
+    )
+    parser.add_argument(
         "--throughput-steps",
         default=None,
         help="comma-separated: separate (SelectBatch + ReportOutcomes), combined (ReportAndSelect); default both, in turn",
@@ -1302,13 +1342,14 @@ def throughput_summary(paths: Sequence[str]) -> list[str]:
     for path in paths:
         for t in json.loads(Path(path).read_text())["throughput"]:
             for lv in t["levels"]:
-                key = (t["backend"], lv.get("replicas", 1), lv["experiments"], lv.get("step_kind", "separate"))
+                deployment = f"{lv.get('replicas', 1)} x {lv.get('processes', 1)}"
+                key = (t["backend"], deployment, lv["experiments"], lv.get("step_kind", "separate"))
                 cells.setdefault(key, []).append(lv)
 
     lines = [
         f"Median (min-max) over {len(paths)} runs:",
         "",
-        "| backend | replicas | experiments | step | steps/s | step p50 ms | step p99 ms | server CPU (cores) | of it event loop threads |",
+        "| backend | replicas x processes | experiments | step | steps/s | step p50 ms | step p99 ms | server CPU (cores) | of it event loop threads |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for (backend, replicas, experiments, kind), lvs in cells.items():
@@ -1343,6 +1384,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, throughput_levels=tuple(int(x) for x in args.throughput_levels.split(",")))
     if args.throughput_replicas:
         cfg = dataclasses.replace(cfg, throughput_replicas=tuple(int(x) for x in args.throughput_replicas.split(",")))
+    if args.throughput_processes:
+        processes = tuple(int(x) for x in args.throughput_processes.split(","))
+        cfg = dataclasses.replace(cfg, throughput_processes=processes)
     if args.throughput_steps:
         cfg = dataclasses.replace(cfg, throughput_steps=tuple(args.throughput_steps.split(",")))
     skip = set(filter(None, args.skip.split(",")))

@@ -82,3 +82,17 @@ def test_interleaved_run_alternates_the_reference_step_with_the_socket_calls() -
     assert r["server_cpu_ms_per_step"] + r["combined_server_cpu_ms_per_step"] > 0
     table = "\n".join(perf._interleaved_table([r, r]))
     assert "| sqlite | 2,000 | separate | 2 x 6 |" in table and "| sqlite | 2,000 | combined | 2 x 6 |" in table
+
+
+def test_throughput_of_one_server_with_several_processes() -> None:
+    from tests.support.servers import require_postgres
+
+    require_postgres()
+    cfg = dataclasses.replace(TINY, throughput_replicas=(1,), throughput_processes=(2,), throughput_levels=(4,),
+                              throughput_steps=("combined",))  # fmt: skip
+    with common.database("postgresql") as url:
+        t = perf.throughput_run("postgresql", url, cfg)
+    assert [(lv["replicas"], lv["processes"]) for lv in t["levels"]] == [(1, 1), (1, 2)]
+    assert all(lv["steps"] > 0 and not lv["errors"] for lv in t["levels"])
+    # The CPU of the supervisor's processes is counted, not the supervisor's alone.
+    assert t["levels"][1]["server_cpu_share"] > 0.1
