@@ -73,6 +73,7 @@ def test_report_rewards_aggregates_per_rollout_rewards(client: bots_client.Clien
     tasks = [indices[0]] * 3 + [indices[1]] * 3
     rewards = [1, 1, -1, -1, -1, -1]
     sampler.report_rewards(torch.tensor(tasks), torch.tensor(rewards), success_threshold=0.0)
+    sampler.wait()  # reported in the background
     got = counts(client, exp_name)
     assert got[KEYS[indices[0]]] == (2.0, 1.0) and got[KEYS[indices[1]]] == (0.0, 3.0)
 
@@ -485,6 +486,7 @@ def test_a_new_sampler_never_takes_over_an_old_experiment(client: bots_client.Cl
     loader = DataLoader(KeyedDataset(), batch_size=4, sampler=first)
     rows = next(iter(loader))
     first.report({k: outcome_of(k) for k in rows["key"]})
+    first.wait()
     # A new run reusing the name with another config: refused at its first
     # batch, before it draws anything (it used to hand out the old batches
     # and drop every new outcome as "already reported").

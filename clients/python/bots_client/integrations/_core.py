@@ -482,24 +482,28 @@ class Curriculum:
         with other outcomes (a trainer resumed from a checkpoint older than
         its last report) is skipped with a warning: the first report stands.
         """
-        strict = self.strict if strict is None else strict
+        return self._report_groups(self._parts(outcomes, batch, strict))
+
+    def _parts(
+        self,
+        outcomes: Mapping[str, tuple[float, int]],
+        batch: SelectedBatch | str | int | None,
+        strict: bool | None,
+    ) -> list[tuple[SelectedBatch, dict[str, tuple[float, int]]]]:
+        """The outcomes, each open batch with its share of them; what cannot
+        be attributed raises (strict) or is dropped and counted."""
         clean = {str(k): (float(s), int(n)) for k, (s, n) in outcomes.items()}
         with self._lock:
             groups, problems = self._attribute(clean, batch)
             batches = [self._open[b] for b in groups]
         if problems:
-            self._unattributed(problems, len(clean), strict)
-        return self._report_groups([(b, {k: clean[k] for k in groups[b.batch_id]}) for b in batches])
-
-    def _unattributed(self, problems: Mapping[str, list[str]], total: int, strict: bool) -> None:
-        if problems:
             dropped = sum(len(keys) for keys in problems.values())
             message = (
-                f"{dropped} of {total} reported task outcomes of experiment {self.experiment!r} cannot be "
+                f"{dropped} of {len(clean)} reported task outcomes of experiment {self.experiment!r} cannot be "
                 f"filed under the batch they came from: "
                 + "; ".join(f"{reason}: {keys[:5]}" for reason, keys in problems.items())
             )
-            if strict:
+            if self.strict if strict is None else strict:
                 raise UnattributedOutcomesError(
                     message + ". Report each batch's outcomes with the batch they were drawn in "
                     "(batch=...), once; a lenient curriculum (strict=False) drops and counts them instead"
@@ -507,6 +511,7 @@ class Curriculum:
             with self._lock:
                 self.dropped_outcomes += dropped
             log.error("%s; dropped (strict=False): %d dropped so far", message, self.dropped_outcomes)
+        return [(b, {k: clean[k] for k in groups[b.batch_id]}) for b in batches]
 
     def report_in_background(
         self,
@@ -536,14 +541,7 @@ class Curriculum:
         further ahead). None: never.
         """
         self.wait()  # reports stay in order
-        strict = self.strict if strict is None else strict
-        clean = {str(k): (float(s), int(n)) for k, (s, n) in outcomes.items()}
-        with self._lock:
-            groups, problems = self._attribute(clean, batch)
-            batches = [self._open[b] for b in groups]
-        if problems:
-            self._unattributed(problems, len(clean), strict)
-        parts = [(b, {k: clean[k] for k in groups[b.batch_id]}) for b in batches]
+        parts = self._parts(outcomes, batch, strict)
         joined = (
             lookahead is not None
             and self.is_reporter
