@@ -241,6 +241,7 @@ def train(arm: str, pool: TaskPool, args: argparse.Namespace, seed: int, address
             break
     curve.seconds = time.perf_counter() - start
     if sampler is not None:
+        sampler.wait()  # the last report runs in the background: acknowledged (or raised) before closing
         sampler.curriculum.client.close()
     return curve
 
