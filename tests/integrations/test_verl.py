@@ -37,6 +37,7 @@ from tests.integrations.conftest import EXACT, counts, need
 torch = need("torch")
 from torch.utils.data import DataLoader
 
+from bots_client.integrations import UnattributedOutcomesError
 from bots_client.integrations.verl import BotsCurriculumSampler, outcomes_from_batch
 
 N_ROWS = 12
@@ -164,17 +165,20 @@ def test_update_reports_per_task_successes_from_repeated_shuffled_rollouts(
 
 
 def test_report_before_filtering_keeps_all_correct_and_all_wrong_groups(
-    address: str, client: bots_client.Client, exp_name: str
+    address: str, client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sampler = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))
+    caplog.set_level(logging.WARNING, "bots_client")
+    sampler = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))  # strict by default
     index_values = first_batch_indices(sampler)
     successes = dict(zip(index_values, [0, 4, 1, 3]))  # one all-wrong, one all-correct group
     batch = rollout_batch(index_values, successes, n=4)
     sampler.report(batch)  # right after the reward, before the filter
     kept = filter_groups(batch)
     assert len(kept.non_tensor_batch["index"]) == 8  # the filter dropped two groups
-    sampler.update(kept)  # verl's hook after the step: nothing left to report
-    assert client.get_experiment(exp_name).step == 1
+    sampler.update(kept)  # verl's hook after the step: nothing left to report, and that is no loss
+    assert not caplog.records  # expected, so quiet: no error, no warning
+    assert sampler.dropped_outcomes == 0
+    assert (client.get_experiment(exp_name).step, client.get_experiment(exp_name).open_batches) == (1, 0)
     got = counts(client, exp_name)
     all_wrong, all_right = index_values[0], index_values[1]
     assert got[str(all_wrong)] == (0.0, 4.0) and got[str(all_right)] == (4.0, 0.0)
@@ -225,6 +229,28 @@ def test_configuration_errors_and_environment(address: str, exp_name: str, monke
         row["extra_info"]["index"] = 0  # verl's default when extra_info.index is missing
     with pytest.raises(ValueError, match="unique"):
         BotsCurriculumSampler(duplicate, data_config(address, exp_name))
+    with pytest.raises(ValueError, match=r"data.sampler.strict must be true or false, got 'maybe'"):
+        BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, strict="maybe"))
+    assert not BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, strict="false")).strict
+
+
+def test_a_missing_key_column_is_an_error_at_start(address: str, exp_name: str) -> None:
+    with pytest.raises(ValueError, match=r"no dataset row has the key field 'task_key': it is neither a top-level"):
+        BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, key_field="task_key"))
+    with pytest.raises(ValueError, match=r"12 of 12 dataset rows have no task key \['extra_info.task_key'\]"):
+        BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, key_field="extra_info.task_key"))
+    patchy = RLHFLike()
+    del patchy.dataframe.rows[5]["extra_info"]["uid"]
+    with pytest.raises(ValueError, match=r"1 of 12 dataset rows have no task key \['extra_info.uid'\] \(e.g. row 5\)"):
+        BotsCurriculumSampler(patchy, data_config(address, exp_name, key_field="uid"))
+    # A top-level index without extra_info.index: verl's RLHFDataset sets every
+    # row's index to extra_info.index (0 where missing), so it would never arrive.
+    moved = RLHFLike()
+    for row in moved.dataframe.rows:
+        row["index"] = row["extra_info"].pop("index")
+    moved.dataframe = Frame(moved.dataframe.rows)
+    with pytest.raises(ValueError, match=r"'index' is a top-level dataset column but not in extra_info"):
+        BotsCurriculumSampler(moved, data_config(address, exp_name))
 
 
 def test_state_dict_resumes_at_the_right_batch(address: str, exp_name: str) -> None:
@@ -236,7 +262,9 @@ def test_state_dict_resumes_at_the_right_batch(address: str, exp_name: str) -> N
     state = first.state_dict()
     assert state["experiment"] == exp_name and state["step"] == 2
     resumed = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))
-    resumed.load_state_dict(state)
+    assert not resumed.curriculum.resume
+    resumed.load_state_dict(state)  # a checkpoint's state: this run continues the experiment
+    assert resumed.curriculum.resume
     next(iter(resumed))
     assert resumed.last_batch.number == 2 and resumed.last_batch.keys not in batches
 
@@ -287,12 +315,18 @@ def test_real_verl_create_rl_sampler_dataloader_and_update(
             break
     assert client.get_experiment(exp_name).step == 2
 
+    # A new run on this experiment that does not load the checkpoint is refused at its first draw.
+    fresh = create_rl_sampler(cfg, dataset)
+    with pytest.raises(bots_client.ExperimentInUseError, match="already has 2 reported steps"):
+        next(iter(StatefulDataLoader(dataset, batch_size=4, sampler=fresh, num_workers=0, collate_fn=collate_fn)))
+
     # verl's checkpoint path: a new dataloader loads data.pt and goes on at batch 2.
     again = create_rl_sampler(cfg, dataset)
     loader2 = StatefulDataLoader(dataset, batch_size=4, sampler=again, num_workers=0, drop_last=True,
                                  collate_fn=collate_fn)  # fmt: skip
     loader2.load_state_dict(state)
     next(iter(loader2))
+    assert again.curriculum.resume  # set by the sampler's load_state_dict, through torchdata's
     assert again.last_batch.number == 2
     expected: dict[str, tuple[float, float]] = {}
     for key in reported:
@@ -489,16 +523,155 @@ def test_a_key_the_batch_does_not_carry_is_an_error_not_a_silent_drop(
         sampler.update(agent_loop_batch(rows, [1, 1, 1, 1], n=3))
     assert client.get_experiment(exp_name).step == 0
 
-    # Keys that map to no open batch are reported nowhere: an ERROR with counts.
-    caplog.clear()
-    other = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name + "-b"))
-    rows = drawn_rows(other, RLHFLike())
+
+def stray_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A batch whose first two rows cannot be attributed: one task of the
+    dataset that this run never drew, one task not in the dataset at all."""
     stale = dict(rows[0], extra_info={**rows[0]["extra_info"], "index": 1000 + 11})  # never drawn
     foreign = dict(rows[1], extra_info={**rows[1]["extra_info"], "index": 99})  # not in the dataset
-    other.update(agent_loop_batch([rows[2], rows[3], stale, foreign], [1, 1, 1, 1], n=2))
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "2 of 4 tasks of the batch were not reported" in errors[0].getMessage()
-    assert "1 are not in this dataset" in errors[0].getMessage()
+    return [rows[2], rows[3], stale, foreign]
+
+
+def test_outcomes_that_cannot_be_attributed_raise_by_default(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    sampler = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))
+    rows = drawn_rows(sampler, RLHFLike())
+    assert "1011" not in sampler.last_batch.keys
+    with pytest.raises(UnattributedOutcomesError) as raised:
+        sampler.update(agent_loop_batch(stray_rows(rows), [1, 1, 1, 1], n=2))
+    message = str(raised.value)
+    assert "update(): 2 of 4 reported task outcomes" in message and "in no open batch" in message
+    assert "['1011', '99']" in message  # which tasks
+    assert "1 of these keys are not in this dataset at all (e.g. ['99'])" in message  # the cause
+    assert "data.sampler.strict=false" in message and "sampler.report(batch)" in message  # the fixes
+    # Raised before anything was sent: the batch is still open, and the right rollouts report it.
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (0, 1)
+    assert sampler.dropped_outcomes == 0
+    sampler.update(agent_loop_batch(rows, [1, 1, 1, 1], n=2))
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (1, 0)
+
+
+def test_lenient_sampler_drops_and_counts_what_it_cannot_attribute(
+    address: str, client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "bots_client")
+    config = data_config(address, exp_name, strict=False, tracking=["console"])  # data.sampler.strict: false
+    sampler = BotsCurriculumSampler(RLHFLike(), config)
+    assert not sampler.strict and not sampler.curriculum.strict
+    rows = drawn_rows(sampler, RLHFLike())
+    sampler.update(agent_loop_batch(stray_rows(rows), [1, 2, 2, 2], n=2))
+    assert sampler.dropped_outcomes == sampler.curriculum.dropped_outcomes == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "2 of 4 reported task outcomes" in errors[0] and "dropped" in errors[0]
+    # The rest is reported: rows 2 and 3 of batch 0 (rows 0 and 1 count as not selected).
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (1, 0)
+    got = counts(client, exp_name)
+    assert [got[str(r["index"])] for r in rows] == [(0.0, 0.0), (0.0, 0.0), (1.0, 1.0), (2.0, 0.0)]
+    assert (got["1011"], got["1000"]) == ((0.0, 0.0), (0.0, 0.0))
+    # The count reaches the tracking backends with every step's signals.
+    signals = sampler.curriculum.last_signals
+    assert signals is not None and signals.dropped_outcomes == 2
+    assert signals.as_dict()["curriculum/dropped_outcomes"] == 2.0
+    assert "curriculum/dropped_outcomes=2" in caplog.text  # the console backend
+
+
+# -- where a key field is read from: the same place at start and in update() --------
+
+
+def with_columns(top: Any = None, inner: Any = None) -> RLHFLike:
+    """RLHFLike with extra top-level columns `top(i)` and extra_info fields `inner(i)`."""
+    dataset = RLHFLike()
+    for i, row in enumerate(dataset.dataframe.rows):
+        row.update(top(i) if top else {})
+        row["extra_info"].update(inner(i) if inner else {})
+    dataset.dataframe = Frame(dataset.dataframe.rows)
+    return dataset
+
+
+def test_a_top_level_index_that_differs_from_extra_info_index_raises_at_start(address: str, exp_name: str) -> None:
+    # The reported bug: keys from the top-level column at selection, from
+    # extra_info in update(), so every step's outcomes matched no open batch.
+    dataset = with_columns(top=lambda i: {"index": i})  # extra_info.index is 1000 + i
+    with pytest.raises(ValueError) as raised:
+        BotsCurriculumSampler(dataset, data_config(address, exp_name))
+    message = str(raised.value)
+    assert "key field 'index' is both a top-level dataset column and a field of extra_info" in message
+    assert "12 of 12 rows differ; e.g. row 0: index = 0 but extra_info.index = 1000" in message
+    assert "RLHFDataset replaces each row's top-level index with extra_info.index" in message
+    assert "data.sampler.key_field=extra_info.index" in message  # the fix
+    sampler = BotsCurriculumSampler(dataset, data_config(address, exp_name, key_field="extra_info.index"))
+    assert sampler.key_locations == ["extra_info.index"] and sampler.curriculum.keys[0] == "1000"
+    with pytest.raises(ValueError, match=r"key_field=\[data_source,extra_info.index\]"):
+        BotsCurriculumSampler(dataset, data_config(address, exp_name, key_field=["data_source", "index"]))
+
+
+def test_a_task_key_column_that_differs_from_extra_info_raises_at_start(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    dataset = with_columns(top=lambda i: {"task_key": f"t-{i}"}, inner=lambda i: {"task_key": f"e-{i}"})
+    with pytest.raises(ValueError) as raised:
+        BotsCurriculumSampler(dataset, data_config(address, exp_name, key_field="task_key"))
+    message = str(raised.value)
+    assert "key field 'task_key' is both a top-level dataset column and a field of extra_info" in message
+    assert "row 0: task_key = 't-0' but extra_info.task_key = 'e-0'" in message
+    assert "a top-level column other than data_source, reward_model, extra_info does not survive" in message
+    assert "data.sampler.key_field=extra_info.task_key" in message
+    sampler = BotsCurriculumSampler(dataset, data_config(address, exp_name, key_field="extra_info.task_key"))
+    rows = drawn_rows(sampler, dataset)
+    sampler.update(agent_loop_batch(rows, [1, 0, 1, 0], n=2))
+    assert all(k.startswith("e-") for k in sampler.curriculum.keys)  # the extra_info copy, as named
+    assert (client.get_experiment(exp_name).step, client.get_experiment(exp_name).open_batches) == (1, 0)
+
+
+@pytest.mark.parametrize("key_field", ["index", "task_key"])
+def test_key_columns_in_both_places_with_equal_values_report_every_step(
+    address: str, client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture, key_field: str
+) -> None:
+    caplog.set_level(logging.WARNING, "bots_client")
+    dataset = with_columns(
+        top=lambda i: {"index": 1000 + i, "task_key": f"t-{i}"}, inner=lambda i: {"task_key": f"t-{i}"}
+    )
+    sampler = BotsCurriculumSampler(dataset, data_config(address, exp_name, key_field=key_field))
+    assert sampler.key_locations == [f"extra_info.{key_field}"]  # the copy that survives to update()
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=lambda rows: rows)
+    for rows in itertools.islice(loader, 3):
+        sampler.update(agent_loop_batch(rows, [0, 1, 2, 2], n=2))  # top-level columns gone, as under verl 0.7
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (3, 0)
+    assert not caplog.records and sampler.dropped_outcomes == 0
+
+
+# -- one experiment per run ------------------------------------------------------------
+
+
+def test_a_new_run_on_a_used_experiment_raises_unless_it_continues(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    first = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))
+    first.update(agent_loop_batch(drawn_rows(first, RLHFLike()), [1, 1, 0, 0], n=2))
+    assert client.get_experiment(exp_name).step == 1
+    # A second run on the same experiment without its checkpoint (a copied
+    # command line): refused at the first draw, not mixed into the first run.
+    fresh = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))
+    with pytest.raises(bots_client.ExperimentInUseError, match="already has 1 reported steps"):
+        drawn_rows(fresh, RLHFLike())
+    other_config = {**dataclasses.asdict(EXACT), "target_success": 0.3}
+    changed = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, experiment_config=other_config))
+    with pytest.raises(bots_client.ConfigMismatchError, match="target_success"):
+        drawn_rows(changed, RLHFLike())
+    assert client.get_experiment(exp_name).step == 1
+    # Continuing on purpose without a checkpoint: data.sampler.resume (with a
+    # request prefix of its own, so it does not get the first run's batches back).
+    going_on = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, resume=True, request_prefix="run2"))
+    rows = drawn_rows(going_on, RLHFLike())
+    assert going_on.last_batch.request_key == "run2-0"
+    going_on.update(agent_loop_batch(rows, [1, 1, 0, 0], n=2))
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (2, 0)
 
 
 def test_curriculum_signals_go_to_verls_tensorboard_directory(
@@ -629,23 +802,33 @@ def tiny_tokenizer_dir(path: Any) -> Any:
     return tokenizer
 
 
-def agent_loop_files(tmp_path: Any, sources: dict[str, str]) -> list[str]:
+def agent_loop_files(tmp_path: Any, sources: dict[str, str], top: Any = None, inner: Any = None) -> list[str]:
     """One parquet file per data source (source -> prompt tag), each numbering
-    extra_info.index from 0, as verl's gsm8k/MATH preprocessing scripts do."""
+    extra_info.index from 0, as verl's gsm8k/MATH preprocessing scripts do;
+    `top(i)` and `inner(i)` add top-level columns and extra_info fields."""
     import datasets
 
     paths = []
     for source, tag in sources.items():
         rows = [{"data_source": source, "prompt": [{"role": "user", "content": f"{tag} {i}"}],
                  "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
-                 "extra_info": {"index": i, "split": "train"}} for i in range(8)]  # fmt: skip
+                 "extra_info": {"index": i, "split": "train", **(inner(i) if inner else {})},
+                 **(top(i) if top else {})} for i in range(8)]  # fmt: skip
         paths.append(str(tmp_path / f"{tag}.parquet"))
         datasets.Dataset.from_list(rows).to_parquet(paths[-1])
     return paths
 
 
 def run_fit_through_agent_loop(
-    tmp_path: Any, address: str, exp_name: str, sources: dict[str, str], steps: int, **sampler_config: Any
+    tmp_path: Any,
+    address: str,
+    exp_name: str,
+    sources: dict[str, str],
+    steps: int,
+    *,
+    top: Any = None,
+    inner: Any = None,
+    **sampler_config: Any,
 ) -> list[tuple[list[str], list[str], Any]]:
     """verl 0.7.1's RayPPOTrainer.fit from the data loader to
     `sampler.update(batch)`, with verl's own objects: RLHFDataset,
@@ -655,7 +838,7 @@ def run_fit_through_agent_loop(
     and MATH scorers), union, extract_reward. Ray is replaced by in-process
     handles and the inference server by RolloutServer. Returns, per step,
     the keys the sampler drew, the keys of the loader's rows, and the batch
-    `update()` got."""
+    `update()` got. `top` and `inner` add columns (`agent_loop_files`)."""
     from omegaconf import OmegaConf
     from verl import DataProto
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker, GlobalRequestLoadBalancer
@@ -672,7 +855,8 @@ def run_fit_through_agent_loop(
     cfg.actor_rollout_ref.rollout.name = "vllm"  # the server it would start; RolloutServer stands in
     cfg.actor_rollout_ref.rollout.n = N_ROLLOUTS
     cfg.data = OmegaConf.merge(cfg.data, {
-        **data_config(address, exp_name, **sampler_config), "train_files": agent_loop_files(tmp_path, sources),
+        **data_config(address, exp_name, **sampler_config),
+        "train_files": agent_loop_files(tmp_path, sources, top, inner),
         "max_prompt_length": 8, "max_response_length": 4, "shuffle": False, "filter_overlong_prompts": False,
         "cache_dir": str(tmp_path / "cache"),
     })  # fmt: skip
@@ -749,3 +933,35 @@ def test_real_verl_default_agent_loop_two_files_keyed_by_data_source_and_index(
     expected = expected_counts([drawn for drawn, _, _ in seen])
     assert {k: got[k] for k in expected} == expected
     assert client.get_experiment(exp_name).step == 4
+
+
+@pytest.mark.parametrize("key_field", ["index", "task_key"])
+def test_real_verl_agent_loop_key_in_two_places(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any, key_field: str
+) -> None:
+    # The reported bug, through verl's own dataset, agent loop and reward loop:
+    # a top-level column named like an extra_info field, with other values.
+    need("verl.experimental.agent_loop")
+    sources = {"openai/gsm8k": "gsm8k"}
+    differ, same = tmp_path / "differ", tmp_path / "same"
+    differ.mkdir()
+    same.mkdir()
+    top, inner = {  # extra_info.index is i
+        "index": (lambda i: {"index": 100 + i}, None),
+        "task_key": (lambda i: {"task_key": f"t:{i}"}, lambda i: {"task_key": f"q:{i}"}),
+    }[key_field]
+    with pytest.raises(ValueError, match=rf"key field '{key_field}' is both a top-level dataset column and a field "
+                                         rf"of extra_info.*key_field=extra_info.{key_field}"):  # fmt: skip
+        run_fit_through_agent_loop(differ, address, exp_name, sources, steps=2, key_field=key_field, top=top,
+                                   inner=inner)  # fmt: skip
+    # The same values in both places: read from extra_info, which reaches update(); every step is reported.
+    seen = run_fit_through_agent_loop(same, address, exp_name, sources, steps=2, key_field=key_field,
+                                      top=lambda i: {"index": i, "task_key": f"q:{i}"},
+                                      inner=lambda i: {"task_key": f"q:{i}"})  # fmt: skip
+    for _, _, batch in seen:
+        assert "index" not in batch.non_tensor_batch and "task_key" not in batch.non_tensor_batch  # dropped
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (2, 0)  # every step reported, no batch left open
+    got = counts(client, exp_name)
+    expected = expected_counts([drawn for drawn, _, _ in seen])
+    assert {k: got[k] for k in expected} == expected

@@ -14,13 +14,29 @@ on samplers that are `AbstractCurriculumSampler`s:
     +data.sampler.experiment_config.rollouts_per_task=16 # = rollout.n
 
 Keys: every dataset row needs a stable, unique task key, read from
-`key_field` (default "index": verl's `extra_info.index`). A field is looked
-up as a top-level column, else inside `extra_info`: under verl 0.7's agent
-loop only data_source, reward_model and extra_info of a row reach `update()`.
-A dotted path ("extra_info.uid") digs into dict columns; a list of fields
-(["data_source", "index"]) joins their values with ":", unique across
-several data files. A row whose key cannot be found raises; outcomes of
-tasks in no open batch are logged as an ERROR with counts. Rewards: `reward_key` (default "token_level_scores", summed over the
+`key_field` (default "index": verl's `extra_info.index`). Where each field is
+read from is fixed at start and read from the same place in `update()`: a
+field inside `extra_info` is read there (under verl 0.7's agent loop only
+data_source, reward_model and extra_info of a row reach `update()`); a field
+that is only a top-level column is read there (with a WARNING unless it is
+data_source or reward_model); a field that is both a top-level column and
+inside `extra_info` is read from `extra_info` if the two agree on every row
+and raises ValueError at start if they differ (name the one you mean:
+"extra_info.<name>"). A dotted path ("extra_info.uid") digs into dict
+columns; a list of fields (["data_source", "index"]) joins their values with
+":", unique across several data files. A row without a key raises at start;
+a batch row without one raises in `update()`.
+
+Strict: outcomes that cannot be filed under the batch they were drawn in (a
+task in no open batch: never drawn by this run, or reported already; or in
+several) raise `UnattributedOutcomesError` before anything is reported.
+`data.sampler.strict: false` drops, logs and counts them instead
+(`sampler.dropped_outcomes`, and `curriculum/dropped_outcomes` in every
+step's signals). A new run on an experiment that has reported steps or open
+batches raises `ExperimentInUseError` at the first draw unless verl loads
+its checkpoint (the dataloader state) or `data.sampler.resume: true`.
+
+Rewards: `reward_key` (default "token_level_scores", summed over the
 response, i.e. the verifier's sequence score before any KL penalty; a
 `non_tensor_batch` entry such as "acc" works too); a rollout succeeds when its
 reward is >= `success_threshold` (default 0.5; null counts rewards in [0, 1]
@@ -30,7 +46,7 @@ Report before filtering: `update(batch)` sees the batch verl trains on. A
 trainer that drops groups first (DAPO-style `filter_groups`, which removes the
 all-correct and all-wrong groups the posterior needs most) must call
 `sampler.report(batch)` right after the rewards are computed, before the
-filter; `update()` then skips the tasks already reported.
+filter; `update()` then skips the tasks already reported, quietly.
 
 verl is imported when `BotsCurriculumSampler` is first accessed; without verl
 the class is a plain `torch.utils.data.Sampler` with the same contract.
@@ -47,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
+    UnattributedOutcomesError,
     aggregate_outcomes,
     lazy_class,
     torch_sampler,
@@ -54,7 +71,7 @@ from bots_client.integrations._core import (
 from bots_client.integrations.torch import _BotsSampler
 from bots_client.types import ExperimentConfig, ReportResult
 
-__all__ = ["BotsCurriculumSampler", "dataset_field", "outcomes_from_batch"]
+__all__ = ["BotsCurriculumSampler", "dataset_field", "locate_key_fields", "outcomes_from_batch"]
 
 log = logging.getLogger("bots_client.integrations.verl")
 
@@ -77,9 +94,119 @@ def _dig(value: Any, parts: Sequence[str]) -> Any:
 
 
 def dataset_keys(data_source: Any, key_field: Any) -> list[str | None]:
-    """The task key of every dataset row (None where a field is missing)."""
-    columns = [dataset_field(data_source, f) for f in key_fields(key_field)]
-    return [join_key(values) for values in zip(*columns)]
+    """The task key of every dataset row (None where a field is missing),
+    each field read from where `locate_key_fields` puts it."""
+    return locate_key_fields(data_source, key_field)[1]
+
+
+def locate_key_fields(data_source: Any, key_field: Any) -> tuple[list[str], list[str | None]]:
+    """Where each key field is read from, and the task key of every row.
+
+    A location is a path into a row that `update()` reads the same way: a
+    field inside `extra_info` becomes "extra_info.<field>", a field that is
+    only a top-level column stays as it is. A field that is both, with the
+    same value on every row, is read from `extra_info` (it survives verl
+    0.7's agent loop); with other values it raises ValueError, since the
+    sampler would otherwise key the rows by one at selection and by the
+    other in `update()`. A field found in neither place raises too.
+    """
+    fields = key_fields(key_field)
+    locations: list[str] = []
+    columns: list[list[Any]] = []
+    for field in fields:
+        location, values = _locate(data_source, field, fields)
+        locations.append(location)
+        columns.append(values)
+    return locations, [join_key(values) for values in zip(*columns)]
+
+
+def _locate(data_source: Any, field: str, fields: Sequence[str]) -> tuple[str, list[Any]]:
+    parts = field.split(".")
+    top, inner, columns = _field_sources(data_source, parts)
+    if parts[0] == "extra_info":  # named explicitly
+        if top is None:
+            raise ValueError(f"key field {field!r}: the dataset has no extra_info column (columns: {columns})")
+        return field, top
+    has_top = top is not None and any(v is not None for v in top)
+    has_inner = inner is not None and any(v is not None for v in inner)
+    if has_top and has_inner:
+        assert top is not None and inner is not None
+        differ = [i for i, (t, e) in enumerate(zip(top, inner)) if t is not None and e is not None and str(t) != str(e)]
+        if differ:
+            i = differ[0]
+            fix = [f"extra_info.{f}" if f == field else f for f in fields]
+            named = fix[0] if len(fix) == 1 else "[" + ",".join(fix) + "]"
+            why = (
+                "verl's RLHFDataset replaces each row's top-level index with extra_info.index, and "
+                if parts[0] == "index"
+                else ""
+            )
+            raise ValueError(
+                f"key field {field!r} is both a top-level dataset column and a field of extra_info, with other "
+                f"values ({len(differ)} of {len(top)} rows differ; e.g. row {i}: {field} = {top[i]!r} but "
+                f"extra_info.{field} = {inner[i]!r}). The task keys must be read from one place at selection and in "
+                f"update(): {why}under verl 0.7's agent loop a top-level column other than "
+                f"{', '.join(SURVIVING_FIELDS)} does not survive to update(). Name the field explicitly: "
+                f"data.sampler.key_field={named} (or copy the key you mean into extra_info and drop the other)"
+            )
+        return f"extra_info.{field}", inner
+    if has_inner:
+        assert inner is not None
+        return f"extra_info.{field}", inner
+    if has_top:
+        assert top is not None
+        if parts[0] == "index" and _frame(data_source) is not None:
+            raise ValueError(
+                "key field 'index' is a top-level dataset column but not in extra_info: verl's RLHFDataset "
+                "replaces each row's index with extra_info.index (0 where it is missing), so this column never "
+                "reaches update(). Put the key into extra_info (extra_info.index) or key by another field"
+            )
+        if parts[0] not in SURVIVING_FIELDS:
+            log.warning(
+                "key field %r is a top-level dataset column; verl 0.7's agent loop drops it before update() "
+                "(only %s survive), which then fails: keep the key in extra_info",
+                field,
+                list(SURVIVING_FIELDS),
+            )
+        return field, top
+    raise ValueError(
+        f"no dataset row has the key field {field!r}: it is neither a top-level column (columns: {columns}) nor "
+        "a field of extra_info. Every row needs a task key (data.sampler.key_field)"
+    )
+
+
+def _frame(data_source: Any) -> Any:
+    """verl's RLHFDataset keeps its rows in a HF `dataframe`."""
+    frame = getattr(data_source, "dataframe", None)
+    return frame if frame is not None and hasattr(frame, "column_names") else None
+
+
+def _field_sources(data_source: Any, parts: Sequence[str]) -> tuple[list[Any] | None, list[Any] | None, list[str]]:
+    """`parts` of every row read as a top-level column and inside
+    `extra_info` (None: no such column / no extra_info), and the columns."""
+    frame = _frame(data_source)
+    look_inside = parts[0] != "extra_info"
+    if frame is not None:
+        columns = list(frame.column_names)
+        top = [_dig(v, parts[1:]) for v in frame[parts[0]]] if parts[0] in columns else None
+        inner = None
+        if look_inside and "extra_info" in columns:
+            inner = [_dig(v, parts) if isinstance(v, Mapping) else None for v in frame["extra_info"]]
+        return top, inner, columns
+    tops: list[Any] = []
+    inners: list[Any] = []
+    seen: set[str] = set()
+    for i in range(len(data_source)):
+        row = data_source[i]
+        seen.update(str(c) for c in row)
+        tops.append(_dig(row[parts[0]], parts[1:]) if parts[0] in row else None)
+        extra = row.get("extra_info") if look_inside and hasattr(row, "get") else None
+        inners.append(_dig(extra, parts) if isinstance(extra, Mapping) else None)
+    return (
+        tops if parts[0] in seen else None,
+        inners if look_inside and "extra_info" in seen else None,
+        sorted(seen),
+    )
 
 
 def dataset_field(data_source: Any, path: str) -> list[Any]:
@@ -138,31 +265,37 @@ def join_key(values: Sequence[Any]) -> str | None:
     return ":".join(str(v) for v in values)
 
 
-def _batch_field(non_tensor: Mapping[str, Any], path: str, rows: int) -> list[Any]:
-    """`path` of every row: a top-level non-tensor column, else inside
-    `extra_info` (where verl's data scripts keep `index`); None where absent."""
+def _batch_field(non_tensor: Mapping[str, Any], path: str, rows: int, *, fallback: bool = True) -> list[Any]:
+    """`path` of every row: a top-level non-tensor column, else (with
+    `fallback`) inside `extra_info` (where verl's data scripts keep `index`);
+    None where absent. The sampler reads the location it fixed at start
+    ("extra_info.index", "data_source"), without fallback."""
     parts = path.split(".")
     if parts[0] in non_tensor:
-        return [_dig(v, parts[1:]) for v in non_tensor[parts[0]]]
-    if "extra_info" in non_tensor:
+        return [_dig(v, parts[1:]) if len(parts) == 1 or isinstance(v, Mapping) else None for v in non_tensor[parts[0]]]
+    if fallback and "extra_info" in non_tensor:
         return [_dig(v, parts) if isinstance(v, Mapping) else None for v in non_tensor["extra_info"]]
     return [None] * rows
 
 
 def batch_keys(batch: Any, key_field: Any = "index") -> list[str]:
-    """The task key of every row of a verl `DataProto`.
+    """The task key of every row of a verl `DataProto` (a field is looked up
+    as a top-level non-tensor column, else inside `extra_info`).
 
     Raises if any row has none: a key the sampler cannot find would leave
     its batch unreported (and its tasks leased) without a trace."""
+    return _batch_keys(batch, key_fields(key_field), fallback=True)
+
+
+def _batch_keys(batch: Any, fields: Sequence[str], *, fallback: bool) -> list[str]:
     non_tensor = batch.non_tensor_batch
-    fields = key_fields(key_field)
     rows = _row_count(batch)
-    columns = [_batch_field(non_tensor, f, rows) for f in fields]
+    columns = [_batch_field(non_tensor, f, rows, fallback=fallback) for f in fields]
     keys = [join_key(values) for values in zip(*columns)] if columns else []
     missing = sum(1 for k in keys if k is None)
     if missing:
         raise KeyError(
-            f"{missing} of {len(keys)} rollout rows have no task key {fields} (the batch's non-tensor fields: "
+            f"{missing} of {len(keys)} rollout rows have no task key {list(fields)} (the batch's non-tensor fields: "
             f"{sorted(non_tensor)}). verl 0.7's agent loop keeps only {list(SURVIVING_FIELDS)} of a dataset row "
             "until update(): keep the key inside extra_info (key_field: extra_info.<name>) or use "
             "data_source and extra_info.index"
@@ -220,8 +353,16 @@ class _CurriculumSampler(_BotsSampler):
     verl's dataset column; default none), reward_key,
     success_threshold, batch_size (default data.gen_batch_size or
     data.train_batch_size), batches_per_epoch (default len(dataset) //
-    batch_size), request_prefix, tracking (["tensorboard", "wandb",
-    "console"]: the curriculum signals per step) and tensorboard_dir.
+    batch_size), request_prefix, strict (default true: outcomes that cannot
+    be attributed to the batch they were drawn in raise
+    UnattributedOutcomesError; false: dropped, logged and counted in
+    `dropped_outcomes`), resume (default false: continue an experiment that
+    already has progress without this run's checkpoint), tracking
+    (["tensorboard", "wandb", "console"]: the curriculum signals per step)
+    and tensorboard_dir.
+
+    `key_locations` is where each key field is read from, fixed at start and
+    used by `update()` (`locate_key_fields`).
 
     verl saves its checkpoint before it calls `update()` for that step: the
     checkpoint lists that batch as pending, and a resume draws it again only
@@ -243,21 +384,26 @@ class _CurriculumSampler(_BotsSampler):
         )
         if not batch_size:
             raise ValueError("set data.train_batch_size (or data.sampler.batch_size)")
+        strict = _flag(options, "strict", True)
+        resume = _flag(options, "resume", False)
         self.key_field = key_fields(options.get("key_field", "index"))
         self.reward_key = str(options.get("reward_key", "token_level_scores"))
         threshold = options.get("success_threshold", 0.5)
         self.success_threshold = None if threshold is None else float(threshold)
-        keys = dataset_keys(data_source, self.key_field)
-        missing = sum(1 for k in keys if k is None)
+        self.key_locations, keys = locate_key_fields(data_source, self.key_field)
+        missing = [i for i, k in enumerate(keys) if k is None]
         if missing:
-            raise ValueError(f"{missing} dataset rows have no {self.key_field}; every row needs a task key")
-        _warn_dropped_columns(data_source, self.key_field)
+            raise ValueError(
+                f"{len(missing)} of {len(keys)} dataset rows have no task key {self.key_locations} (e.g. row "
+                f"{missing[0]}); every row needs one (data.sampler.key_field)"
+            )
         if len(set(keys)) < len(keys) and len(self.key_field) == 1:
             raise ValueError(
                 f"task keys from {self.key_field[0]!r} repeat ({len(keys) - len(set(keys))} duplicates): "
                 "several data files each numbering extra_info.index from 0? Key the rows by data source and "
                 "index: data.sampler.key_field=[data_source,index] (or a unique extra_info field)"
             )
+        log.info("task keys of experiment %r from %s", experiment, self.key_locations)
         feature_fields: Mapping[str, str] = options.get("feature_fields") or {}
         features = None
         if feature_fields:
@@ -278,6 +424,8 @@ class _CurriculumSampler(_BotsSampler):
             request_prefix=str(options.get("request_prefix", "step")),
             rank=0,
             world_size=1,  # verl's single controller owns the dataloader
+            resume=resume,
+            strict=strict,
         )
         super().__init__(curriculum=curriculum, num_batches=options.get("batches_per_epoch"))
         self.data_source = data_source
@@ -286,52 +434,74 @@ class _CurriculumSampler(_BotsSampler):
         if self.tracking.backends:
             curriculum.add_listener(self.tracking.log)
 
+    @property
+    def strict(self) -> bool:
+        return self.curriculum.strict
+
+    @property
+    def dropped_outcomes(self) -> int:
+        """Task outcomes dropped because they could not be attributed
+        (only with `strict: false`; a strict sampler raises instead)."""
+        return self.curriculum.dropped_outcomes
+
     def outcomes(self, batch: Any) -> dict[str, tuple[float, int]]:
-        return outcomes_from_batch(
-            batch, key_field=self.key_field, reward_key=self.reward_key, success_threshold=self.success_threshold
-        )
+        """Per-task (successes, trials) of a `DataProto`, each key field read
+        from the location fixed at start (`key_locations`)."""
+        keys = _batch_keys(batch, self.key_locations, fallback=False)
+        rewards = batch_rewards(batch, self.reward_key)
+        return aggregate_outcomes(keys, rewards, success_threshold=self.success_threshold)
 
     def report(self, batch: Any, *args: Any, **kwargs: Any) -> list[ReportResult]:  # type: ignore[override]
-        """Report a batch's rollouts now (call it before any group filter).
-        Accepts a `DataProto` or, like the torch sampler, a key -> (s, n) map."""
+        """Report a batch's rollouts now (call it before any group filter);
+        `update()` then skips these tasks. Accepts a `DataProto` or, like the
+        torch sampler, a key -> (s, n) map."""
         if isinstance(batch, Mapping):
-            return super().report(batch, *args, **kwargs)
+            results = super().report(batch, *args, **kwargs)
+            self._reported_early.update(str(k) for k in batch)
+            return results
         outcomes = self.outcomes(batch)
-        results = self._report_open(outcomes, early=True)
+        results = self._report(outcomes, "report()")
         self._reported_early.update(outcomes)
         return results
 
     def update(self, batch: Any) -> None:
-        """verl's hook after each training step: report the tasks of `batch`
-        whose batch was not reported yet."""
-        self._report_open(self.outcomes(batch), early=False)
-        self._reported_early.clear()
+        """verl's hook after each training step: report the tasks of `batch`,
+        except those `report(batch)` reported before a group filter."""
+        try:
+            outcomes = self.outcomes(batch)
+            rest = {k: v for k, v in outcomes.items() if k not in self._reported_early}
+            if len(rest) < len(outcomes):
+                log.debug("%d tasks of the batch were reported before the filter", len(outcomes) - len(rest))
+            if rest:
+                self._report(rest, "update()")
+        finally:
+            self._reported_early.clear()
 
-    def _report_open(self, outcomes: Mapping[str, tuple[float, int]], *, early: bool) -> list[ReportResult]:
+    def _report(self, outcomes: Mapping[str, tuple[float, int]], where: str) -> list[ReportResult]:
+        """Report to the batch the rollouts came from: the batch drawn last
+        (what verl trains on, with num_workers=0) when it holds every key,
+        else the core's attribution (each key's one open batch)."""
         cur = self.curriculum
-        open_outcomes = {k: v for k, v in outcomes.items() if cur.batch_of(k) is not None}
-        closed = [k for k in outcomes if k not in open_outcomes]
-        if closed:
-            foreign = [k for k in closed if k not in cur.index]
-            expected = [k for k in closed if k in self._reported_early]
-            stray = len(closed) - len(foreign) - len(expected)
-            if foreign or stray:
-                # Never silent: these rollouts are not reported to anyone.
-                log.error(
-                    "%d of %d tasks of the batch were not reported: %d are not in this dataset (e.g. %s), "
-                    "%d are in no open batch (drawn in another run, or reported already; e.g. %s)",
-                    len(foreign) + stray,
-                    len(outcomes),
-                    len(foreign),
-                    foreign[:3],
-                    stray,
-                    [k for k in closed if k in cur.index and k not in self._reported_early][:3],
-                )
-            if expected:
-                log.debug("%d tasks of the batch were reported before the filter", len(expected))
-        if not open_outcomes:
-            return []
-        return cur.report(open_outcomes)
+        cur.wait()  # a report of a key -> (s, n) map may still run in the background
+        last = self.last_batch
+        is_open = last is not None and any(b.batch_id == last.batch_id for b in cur.open_batches)
+        named = last if is_open and last is not None and set(outcomes) <= set(last.keys) else None
+        try:
+            return cur.report(outcomes, batch=named)
+        except UnattributedOutcomesError as e:
+            foreign = [k for k in outcomes if k not in cur.index]
+            cause = (
+                f" {len(foreign)} of these keys are not in this dataset at all (e.g. {foreign[:3]}): the batch's "
+                f"key fields {self.key_locations} hold values that name no row of the dataset the sampler keyed."
+                if foreign
+                else ""
+            )
+            raise UnattributedOutcomesError(
+                f"{where}: {e}.{cause} In verl each update(batch) must carry the rollouts of the batch the sampler "
+                "drew for that step (data.dataloader_num_workers=0), once; a trainer that filters groups reports "
+                "them first with sampler.report(batch). To drop and count such outcomes instead of stopping, "
+                "set data.sampler.strict=false"
+            ) from None
 
 
 class _Tracking:
@@ -371,21 +541,13 @@ class _Tracking:
             log.info("step %d: %s", step, " ".join(f"{k}={v:.4g}" for k, v in data.items()))
 
 
-def _warn_dropped_columns(data_source: Any, fields: Sequence[str]) -> None:
-    """Warn at start-up about a key column verl's agent loop will drop."""
-    frame = getattr(data_source, "dataframe", None)
-    columns = getattr(frame, "column_names", None)
-    if not columns:
-        return
-    for field in fields:
-        top = field.split(".")[0]
-        if top in columns and top not in SURVIVING_FIELDS and top != "index":
-            log.warning(
-                "key field %r is a top-level dataset column; verl 0.7's agent loop drops it before update() "
-                "(only %s survive), which then fails: keep the key in extra_info",
-                field,
-                list(SURVIVING_FIELDS),
-            )
+def _flag(options: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"data.sampler.{name} must be true or false, got {value!r}")
 
 
 def _get(config: Any, name: str) -> Any:
