@@ -596,3 +596,46 @@ def test_a_checkpoint_taken_during_the_overlap_records_the_report(
         state = sampler.state_dict()
         assert (state["step"], state["pending"], state["acknowledged_step"]) == (number + 1, [], number + 1)
     assert client.get_experiment(exp_name).step == 3
+
+
+def test_overlapped_reports_survive_trainer_crashes_at_any_moment(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
+) -> None:
+    """SIGKILL a trainer that reports in the background and checkpoints after
+    every step, at random moments (drawing, reporting, in the stand-in
+    gradient step while the report runs, writing the checkpoint), resume it
+    from its last checkpoint each time: the server ends with an
+    uninterrupted run's step, batches and posterior, bit for bit."""
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.servers import REPO
+
+    steps = 24
+
+    def run(name: str, checkpoint: Path, kill_after: float | None) -> bool:
+        """One trainer process; True if it finished (before the kill, if
+        any), False if it was killed."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.overlap_trainer", address, name, str(checkpoint), str(steps)],
+            cwd=REPO, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        if kill_after is not None:
+            time.sleep(kill_after)
+            proc.kill()
+        return proc.wait(120) == 0
+
+    assert run(exp_name + "-ref", tmp_path / "ref.json", None)
+    rng = random.Random(20261125)
+    kills = 0
+    while not run(exp_name, tmp_path / "crash.json", rng.uniform(0.0, 0.3) if kills < 8 else None):
+        kills += 1
+    assert kills >= 3  # most kills land mid-run (the last ones may come after a short rest of it)
+    ref, got = client.snapshot(exp_name + "-ref"), client.snapshot(exp_name)
+    assert got.step == ref.step == steps
+    assert got.keys == ref.keys
+    assert got.alpha.tobytes() == ref.alpha.tobytes() and got.beta.tobytes() == ref.beta.tobytes()
