@@ -770,6 +770,17 @@ def _log_failure(future: Future[list[ReportResult]]) -> None:
         log.error("a report running in the background failed; the next batch will raise it: %s", error)
 
 
+def config_flag(options: Mapping[str, Any], name: str, default: bool, where: str) -> bool:
+    """A boolean option of a framework's config (YAML or Hydra may give the
+    string "true"); anything else raises, naming `where + name`."""
+    value = options.get(name, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{where}{name} must be true or false, got {value!r}")
+
+
 def _unique_index(keys: Sequence[str]) -> dict[str, int]:
     index: dict[str, int] = {}
     duplicates: list[str] = []

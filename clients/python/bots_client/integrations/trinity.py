@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from bots_client.errors import NotFoundError
-from bots_client.integrations._core import MAX_OPEN_BATCHES, Curriculum, SelectedBatch
+from bots_client.integrations._core import MAX_OPEN_BATCHES, Curriculum, SelectedBatch, config_flag
 from bots_client.types import ExperimentConfig, ReportResult
 
 __all__ = ["BotsSelector", "experiment_config_from_trinity", "trinity_repeat_times"]
@@ -158,12 +158,7 @@ def trinity_repeat_times(selector_config: Any, *, depth: int = 16) -> int | None
 
 
 def _flag(kwargs: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = kwargs.get(name, default)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f"BotsSelector kwargs.{name} must be true or false, got {value!r}")
+    return config_flag(kwargs, name, default, "BotsSelector kwargs.")
 
 
 def _trials(kwargs: Mapping[str, Any], repeat_times: int | None) -> int:

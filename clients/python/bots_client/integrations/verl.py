@@ -65,6 +65,7 @@ from bots_client.integrations._core import (
     CurriculumSignals,
     UnattributedOutcomesError,
     aggregate_outcomes,
+    config_flag,
     lazy_class,
     torch_sampler,
 )
@@ -542,12 +543,7 @@ class _Tracking:
 
 
 def _flag(options: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = options.get(name, default)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f"data.sampler.{name} must be true or false, got {value!r}")
+    return config_flag(options, name, default, "data.sampler.")
 
 
 def _get(config: Any, name: str) -> Any:
