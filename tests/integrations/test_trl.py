@@ -157,6 +157,7 @@ def test_reward_wrapper_reports_only_while_training(client: bots_client.Client, 
     assert client.get_experiment(exp_name).step == 0  # evaluation: nothing reported
     bots.trainer.model.train()
     wrapped(prompts=["p"] * 4, completions=["c"] * 4, task_key=keys)
+    bots.wait()  # the report goes out in the background by default
     got = counts(client, exp_name)
     assert got[batch.keys[0]] == (1.0, 0.0) and got[batch.keys[1]] == (1.0, 1.0)  # None skipped
     with pytest.raises(KeyError, match="task_key"):

@@ -314,8 +314,11 @@ class BotsGRPO:
             def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
                 # The curriculum's signals join the trainer's own log line, so
                 # every `report_to` backend (TensorBoard, W&B, ...) gets them
-                # beside the loss, at the same global step.
+                # beside the loss, at the same global step. The step's report
+                # went out in the background before its backward pass and
+                # has long finished; waiting pins its signals to this step.
                 if bots.log_signals and "loss" in logs:
+                    bots.wait()
                     logs = {**logs, **bots.pop_signals()}
                 super().log(logs, *args, **kwargs)
 
