@@ -71,10 +71,27 @@ $(FRAMEWORKS_STAMP): $(PYPROJECTS) $(FRAMEWORKS_CONSTRAINTS)
 	  torchdata tensorboard cachetools -e clients/python -e .
 	@touch $@
 
-test-frameworks: $(FRAMEWORKS_STAMP)
+# verl 0.9 (the data.custom_cls adapter) in a third environment: it needs
+# numpy >= 2 and caps transformers below the version the main environment's
+# TRL runs on.
+VERL09_VENV := .venv-verl09
+VERL09_CONSTRAINTS := tests/integrations/verl09-constraints.txt
+VERL09_STAMP := $(VERL09_VENV)/.installed
+
+$(VERL09_STAMP): $(PYPROJECTS) $(VERL09_CONSTRAINTS)
+	@echo "== installing verl 0.9.1 (v1 trainer, TransferQueue) into $(VERL09_VENV)"
+	$(PYTHON) -m venv $(VERL09_VENV)
+	$(VERL09_VENV)/bin/python -m pip install --disable-pip-version-check --no-compile \
+	  -c $(VERL09_CONSTRAINTS) 'verl[verl-core]==0.9.1' greenlet pytest pytest-asyncio \
+	  torchdata tensorboard cachetools -e clients/python -e .
+	@touch $@
+
+test-frameworks: $(FRAMEWORKS_STAMP) $(VERL09_STAMP)
 	BOTS_EXPECT_VERL=1 BOTS_TEST_REQUIRED_FRAMEWORKS=verl,trinity,torch,torchdata,tensorboard \
 	  $(FRAMEWORKS_VENV)/bin/python -m pytest -p no:cacheprovider \
 	  tests/integrations/test_verl.py tests/integrations/test_trinity.py
+	BOTS_TEST_REQUIRED_FRAMEWORKS=verl,ray,transfer_queue,torch,torchdata,tensorboard \
+	  $(VERL09_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_verl_dataset.py
 
 # The lint gate (.ci/run runs it before the tests). No `ruff format --check`:
 # the tree is not formatted that way.
@@ -144,4 +161,4 @@ else
 endif
 
 clean:
-	rm -rf $(VENV) $(FRAMEWORKS_VENV)
+	rm -rf $(VENV) $(FRAMEWORKS_VENV) $(VERL09_VENV)

@@ -6,11 +6,12 @@ the backends have their own suites), a client, and fresh experiment names.
 instead, for the frameworks CI installs (the top-level `test` extra): torch,
 trl, matplotlib, torchdata, openai and tensorboard by default, or the comma-separated list in
 BOTS_TEST_REQUIRED_FRAMEWORKS. verl and trinity-rft are not in that list:
-every verl release pins numpy < 2, which the rest of the project's
-environment cannot take; their adapters are tested against the data shapes
-of the frameworks' sources here, and against the real libraries in a
-second environment (`make test-frameworks`, which .ci/run runs with them
-required; see docs/integrations/).
+verl 0.7 and trinity-rft pin numpy < 2, and verl 0.9 caps transformers
+below the version TRL runs on, so the project's environment cannot take
+them; their adapters are tested against the data shapes of the frameworks'
+sources here, and against the real libraries in environments of their own
+(`make test-frameworks`, which .ci/run runs with them required; see
+docs/integrations/).
 """
 
 from __future__ import annotations

@@ -24,11 +24,12 @@ pytestmark = pytest.mark.network
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
 
-# (extra, the release it must resolve beside). TRL: the newest vLLM this
+# (extra, the releases it must resolve beside). TRL: the newest vLLM this
 # registry can resolve (0.33.0 needs a certifi release it does not have
-# yet). verl 0.7.x caps vLLM at 0.12.0 (its own `vllm` extra); newer vLLM
-# needs numpy 2 (through opencv-python-headless >= 4.13), which verl 0.7.x
-# refuses. `[trinity]` does not pull trinity-rft (Trinity loads the selector,
+# yet). `[verl]` covers both adapters: verl 0.7.x caps vLLM at 0.12.0 (its
+# own `vllm` extra; newer vLLM needs numpy 2 through opencv-python-headless
+# >= 4.13, which verl 0.7.x refuses), and verl 0.9.1's `vllm` extra pins
+# vLLM 0.24.0. `[trinity]` does not pull trinity-rft (Trinity loads the selector,
 # so it is installed already): it must resolve beside vLLM 0.23.0, the newest
 # release trinity-rft 0.6.0's own `vllm` extra allows, and beside
 # trinity-rft 0.6.0 itself, where it must avoid the numpy/pyarrow trap.
@@ -36,7 +37,8 @@ CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
 # all (docs/integrations/trinity.md, Pitfalls).
 CASES = [
     ("trl", "vllm==0.32.0"),
-    ("verl", "vllm==0.12.0"),
+    ("verl", "verl==0.7.1 vllm==0.12.0"),
+    ("verl", "verl==0.9.1 vllm==0.24.0"),
     ("trinity", "vllm==0.23.0"),
     ("trinity", "trinity-rft==0.6.0"),
 ]
@@ -52,7 +54,7 @@ def pypi_reachable() -> bool:
 
 def resolve(extra: str, beside: str, report: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--disable-pip-version-check", "--report", str(report), f"{CLIENT}[{extra}]", beside]  # fmt: skip
+               "--disable-pip-version-check", "--report", str(report), f"{CLIENT}[{extra}]", *beside.split()]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     versions: dict[str, str] = {}
     if done.returncode == 0:
@@ -72,12 +74,13 @@ def test_extras_resolve_beside_vllm(tmp_path: Path) -> None:
     for (extra, beside), (done, versions) in zip(CASES, runs):
         errors = "\n".join(line for line in done.stderr.splitlines() if "WARNING: Location" not in line)
         assert done.returncode == 0, f"bots-client[{extra}] beside {beside}: {errors[-3000:]}"
-        name, version = beside.split("==")
-        assert versions[name] == version
+        for requirement in beside.split():
+            name, version = requirement.split("==")
+            assert versions[name] == version
         assert "torch" in versions  # the stack's own torch build: no exact pin of ours stands in its way
     versions = {case: v for case, (_, v) in zip(CASES, runs)}
     # The numpy/pyarrow trap: verl 0.7.x pins numpy < 2 and pyarrow 26 refuses it.
-    for case in (("verl", "vllm==0.12.0"), ("trinity", "trinity-rft==0.6.0")):
+    for case in (("verl", "verl==0.7.1 vllm==0.12.0"), ("trinity", "trinity-rft==0.6.0")):
         assert versions[case]["numpy"].startswith("1.")
         assert int(versions[case]["pyarrow"].split(".")[0]) < 26
     # Beside vLLM, [trinity] brings no trinity-rft, verl or numpy < 2 of its own.
