@@ -1,0 +1,78 @@
+"""bench/real_learner.py: small transformers trained by GRPO with batches from
+a real server. A smoke test of --quick (every family, every arm), plus the
+things that cannot fail by chance: a seed's uniform run is bit-identical when
+repeated, and family c reports fractional successes to the server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from bench import real_learner
+from bench.real_learner_tasks import SPECS, make_family, score
+
+
+def test_quick_run_covers_every_family_and_arm(tmp_path: Path) -> None:
+    out = tmp_path / "rl"
+    assert real_learner.main(["--quick", "--output", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert set(result["families"]) == {"a", "b", "c"}
+    assert list(result["arms"]) == list(real_learner.ARMS)
+    for fam, data in result["families"].items():
+        curves = data["curves"]
+        assert sorted(c["arm"] for c in curves) == sorted(real_learner.ARMS), fam
+        for c in curves:
+            assert c["seed"] == 0
+            assert c["steps"][0] == 0 and len(c["steps"]) >= 2, (fam, c["arm"])
+            assert len(c["acc"]) == len(c["steps"]) and all(0.0 <= a <= 1.0 for a in c["acc"])
+            assert len(c["informative"]) == len(c["steps"]) - 1
+            assert bool(c["heldout"]) == (fam == "b")
+            if real_learner.ARMS[c["arm"]] is None:
+                assert c["reported_outcomes"] == 0
+            else:  # every service arm reported every step's tasks, and the server took them
+                assert c["reported_outcomes"] >= SPECS[fam].batch * c["steps"][-1], (fam, c["arm"])
+                if fam == "c":  # partial credit goes to the server as fractional successes
+                    assert c["fractional_outcomes"] > 0, c["arm"]
+                else:
+                    assert c["fractional_outcomes"] == 0, (fam, c["arm"])
+        # one row per metric, target and arm; ratios to both baselines per seed
+        metrics = len(SPECS[fam].targets) + len(SPECS[fam].heldout_targets)
+        assert len(data["summary"]) == metrics * len(real_learner.ARMS)
+        for row in data["summary"]:
+            assert len(row["steps"]) == len(row["ratio_to_uniform"]) == len(row["ratio_to_bots"]) == 1
+            if row["arm"] == "uniform":
+                assert row["ratio_to_uniform"] == [1.0]
+        assert data["references"] and set(data["references"][0]["mean_by_tier"]) == set(data["curves"][0]["tier_share"][0])
+    text = out.with_suffix(".md").read_text()
+    assert "python -m bench.real_learner --quick" in text
+    for name in ("Family a: chain", "Family b: tiers", "Family c: partial", "| held-out |", "| bots-plus-ref |"):
+        assert name in text
+
+
+def test_same_seed_gives_identical_uniform_curves() -> None:
+    family = make_family("a", 3)
+    init = real_learner.initial_policy(family, 3)
+    runs = [real_learner.train(family, "uniform", None, 3, 30, init, None, stop_early=False) for _ in range(2)]
+    assert runs[0].acc == runs[1].acc and runs[0].mean_reward == runs[1].mean_reward
+    assert runs[0].steps == list(range(0, 31, 10))
+
+
+def test_partial_credit_is_fractional_and_exact_match_is_binary() -> None:
+    family = make_family("c", 0)
+    pool = family.pool
+    rows = (pool.lengths == 4).nonzero().flatten()[:1]
+    completion = pool.y[rows][:, :4].clone()
+    completion[0, 0] = (completion[0, 0] + 1) % SPECS["c"].vocab  # one of 4 symbols wrong
+    assert score(pool, rows, completion, fractional=True).tolist() == [0.75]
+    assert score(pool, rows, completion, fractional=False).tolist() == [0.0]
+
+
+def test_arm_table_takes_one_more_engine_from_the_command_line() -> None:
+    assert real_learner.parse_arm("lambda05:forgetting=0.05,selection_mode=expected,seed=3") == (
+        "lambda05",
+        {"forgetting": 0.05, "selection_mode": "expected", "seed": 3},
+    )
