@@ -86,3 +86,6 @@ def configure(level: str, fmt: str, audit: str = "all") -> None:
     quiet = logging.WARNING
     logging.getLogger("bots_server.audit").setLevel(quiet if audit == "off" else logging.NOTSET)
     logging.getLogger("bots_server.audit.steps").setLevel(quiet if audit != "all" else logging.NOTSET)
+    # Alembic announces each of its built-in plugins at INFO on every start
+    # (seven lines of noise); its "Running upgrade ..." lines stay.
+    logging.getLogger("alembic.runtime.plugins").setLevel(quiet)

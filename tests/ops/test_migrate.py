@@ -74,3 +74,16 @@ def test_unreachable_database_waits_then_fails(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "waiting for the database" in result.stderr
     assert result.stderr.rstrip().splitlines()[-1].startswith("error: database unavailable")
+
+
+def test_a_first_start_logs_no_alembic_plugin_lines(tmp_path: Path) -> None:
+    # Alembic's "setup plugin" INFO lines (seven per start) are noise; the
+    # "Running upgrade" lines say what changed and stay.
+    done = migrate("--db", f"sqlite:///{tmp_path / 'first.db'}")
+    assert done.returncode == 0, done.stderr
+    assert "Running upgrade" in done.stderr
+    assert "setup plugin" not in done.stderr
+    server = MetricsServer(f"sqlite:///{tmp_path / 'served.db'}").start()
+    server.stop()
+    assert "serving" in server.messages()
+    assert not [m for m in server.messages() if "setup plugin" in m]
