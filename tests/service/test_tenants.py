@@ -222,6 +222,41 @@ def test_list_shows_a_tenant_only_its_own(callers: Callable[[str], Caller]) -> N
     assert mine in everything and f"team-b/{theirs}" in everything
 
 
+def test_lineage_is_shown_like_any_name_and_withheld_across_tenants(callers: Callable[[str], Caller]) -> None:
+    """forked_from is translated like every name: plain in the caller's
+    tenant, "tenant/name" for an administrator elsewhere, and withheld from
+    a caller who may not enter the source's tenant. A restore's source is
+    the caller's word, so it must name an experiment the caller may use."""
+    admin, a_reader, b_writer = callers("a-admin"), callers("a-reader"), callers("b-writer")
+    src, tag = f"src-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    assert admin.call("CreateExperiment", pb.CreateExperimentRequest(name=src))[0] == OK  # team-a/src
+    fork = pb.ForkExperimentRequest(source=src, name=f"copy-{tag}")
+    assert admin.call("ForkExperiment", fork)[0] == OK
+    code, copy = a_reader.call("GetExperiment", pb.GetExperimentRequest(name=f"copy-{tag}"))
+    assert code == OK and copy.forked_from == src  # type: ignore[attr-defined]
+    across = pb.ForkExperimentRequest(source=src, name=f"team-b/dst-{tag}")  # an administrator, across tenants
+    code, made = admin.call("ForkExperiment", across)
+    assert code == OK and made.forked_from == src  # type: ignore[attr-defined]
+    code, dst = b_writer.call("GetExperiment", pb.GetExperimentRequest(name=f"dst-{tag}"))
+    assert code == OK and (dst.forked_from, dst.forked_at_step) == ("", 0)  # type: ignore[attr-defined]
+
+    def restore(source: str) -> tuple[grpc.StatusCode, object]:
+        request = pb.RestoreExperimentRequest(
+            name=f"r-{tag}", keys=["r0"], alpha=[1.0], beta=[1.0], features=[pb.Features()], source=source
+        )
+        return b_writer.call("RestoreExperiment", request)
+
+    code, details = restore(f"team-a/{src}")
+    assert code == DENIED and "tenant 'team-a'" in str(details)
+    code, details = restore("s3://bucket/snap.json")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "restore source" in str(details)
+    assert b_writer.call("GetExperiment", pb.GetExperimentRequest(name=f"r-{tag}"))[0] == grpc.StatusCode.NOT_FOUND
+    code, restored = restore(f"dst-{tag}")
+    assert code == OK and restored.forked_from == f"dst-{tag}"  # type: ignore[attr-defined]
+    code, seen = admin.call("GetExperiment", pb.GetExperimentRequest(name=f"team-b/r-{tag}"))
+    assert code == OK and seen.forked_from == f"team-b/dst-{tag}"  # type: ignore[attr-defined]
+
+
 def test_unknown_and_missing_credentials_are_unauthenticated(tenant_server: ServerProcess) -> None:
     with grpc.insecure_channel(tenant_server.address) as channel:
         stub = pb_grpc.TaskSelectorStub(channel)

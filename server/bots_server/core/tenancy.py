@@ -125,3 +125,13 @@ def shown_to(principal: Principal, stored: str) -> str:
     "tenant/name" elsewhere. resolve(principal, shown_to(principal, s)) == s."""
     tenant, name = split(stored)
     return name if tenant == principal.tenant else f"{tenant}/{name}"
+
+
+def lineage_shown_to(principal: Principal, stored: str | None) -> str:
+    """How `principal` sees the source of a fork or restore (a stored name):
+    like any other name, and withheld ("") when it lies in a tenant the
+    principal may not enter, so an administrator's fork across tenants
+    tells the new experiment's readers nothing about the source's tenant."""
+    if not stored:
+        return ""
+    return shown_to(principal, stored) if principal.may_enter(tenant_of(stored)) else ""

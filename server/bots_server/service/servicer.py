@@ -36,8 +36,12 @@ def _name(reference: str, what: str = "experiment name") -> str:
 
 
 def _shown(experiment: Experiment) -> pb.Experiment:
+    principal = tenancy.current.get()
     message = convert.experiment_to_proto(experiment)
-    message.name = tenancy.shown_to(tenancy.current.get(), experiment.name)
+    message.name = tenancy.shown_to(principal, experiment.name)
+    message.forked_from = tenancy.lineage_shown_to(principal, experiment.forked_from)
+    if not message.forked_from:
+        message.forked_at_step = 0
     return message
 
 
@@ -91,7 +95,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         beta: list[float] = []
         features: list[dict[str, float]] = []
         budget = _StreamBudget("RestoreExperiment", self.stream_bounds)
-        name = ""
+        name = source = ""
         retired: list[bool] = []
         groups: list[str] = []
         async for chunk in request_iterator:
@@ -100,6 +104,9 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 if not chunk.name:
                     raise InvalidArgument("RestoreExperiment: the first message must name the new experiment")
                 name = _name(chunk.name)
+                # The snapshot's provenance is the caller's word: it must name
+                # an experiment (of any server) in a tenant the caller may use.
+                source = _name(chunk.source, "restore source") if chunk.source else ""
             budget.take(chunk, len(chunk.keys))
             keys.extend(chunk.keys)
             alpha.extend(chunk.alpha)
@@ -115,7 +122,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             config=convert.config_from_proto(first.config),
             step=first.step,
             capability=first.capability if first.HasField("capability") else None,
-            source=first.source,
+            source=source,
             keys=keys,
             alpha=alpha,
             beta=beta,
