@@ -45,6 +45,7 @@ DEFAULT_CALL_SECONDS = 10.0
 
 def _serve(args: argparse.Namespace) -> int:
     from bots_server.core import allocator
+    from bots_server.errors import Unavailable
     from bots_server.service.server import serve, usable_cores
     from bots_server.service.supervisor import Supervisor, process_count
 
@@ -55,10 +56,30 @@ def _serve(args: argparse.Namespace) -> int:
     config = settings.from_args(args)
     logs.configure(config.log_level, config.log_format, config.audit_log)
     processes = process_count(config, usable_cores())
-    if processes > 1:
-        return Supervisor(config, processes, args.argv).run()
-    asyncio.run(serve(config))
+    try:
+        if processes > 1:
+            if config.migrate:
+                # Each process migrates at its start: without the database
+                # they would fail and be started again, forever.
+                _ping(config.db)
+            return Supervisor(config, processes, args.argv).run()
+        asyncio.run(serve(config))
+    except (Unavailable, UnsupportedDatabase) as e:
+        # A server that cannot migrate at its start (a database missing or
+        # unreachable) ends as `migrate` does: one line, not the driver's
+        # chain of tracebacks. Without migrating it starts and waits.
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _ping(db: str) -> None:
+    """Raise Unavailable unless the database at `db` answers."""
+    store = open_store(db)
+    try:
+        store.ping()
+    finally:
+        store.close()
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """The ops commands are for a person at a terminal: an unreachable server is
-reported in seconds, in one line, with a non-zero exit; and the default
-metrics port stays clear of the monitoring stack's own ports."""
+reported in seconds, in one line, with a non-zero exit (and so are a
+server's missing database and taken port); and the default metrics port
+stays clear of the monitoring stack's own ports."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +96,40 @@ def test_stop_settings_are_checked_before_serving(
         return
     with pytest.raises(SystemExit, match=re.escape(named)):
         settings.from_args(parsed)
+
+
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "serve", "--metrics-listen", "", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])  # one server, or a supervisor of two
+@pytest.mark.parametrize("database", ["missing", "unreachable"])
+def test_serve_without_its_database_ends_in_one_line(database: str, processes: str, request: pytest.FixtureRequest) -> None:
+    if database == "missing":
+        url = request.getfixturevalue("pg_url").rsplit("/", 1)[0] + "/does_not_exist_xyz"
+    else:
+        url = "postgresql+psycopg://postgres@127.0.0.1:1/none"  # port 1 on loopback: refused at once
+    result = serve("--db", url, "--listen", "127.0.0.1:0", "--processes", processes)
+    assert result.returncode == 1
+    # `migrate`'s line, not the driver's chained tracebacks (nor a supervisor
+    # starting its processes again forever).
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: database unavailable: "), lines[0]
+    assert ("does_not_exist_xyz" if database == "missing" else "port 1") in lines[0]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])  # one server; a supervisor of two
+def test_serve_on_a_port_in_use_says_so_in_one_line(database: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = f"sqlite:///{tmp_path / 'b.db'}" if database == "sqlite" else request.getfixturevalue("pg_url")
+    processes = "1" if database == "sqlite" else "2"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        result = serve("--db", url, "--listen", address, "--processes", processes)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [f"bots-server: cannot listen on {address}: Address already in use"]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import faulthandler
 import logging
 import math
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -54,8 +56,12 @@ _REUSEPORT = (("grpc.so_reuseport", 1),)
 _MB = 1024 * 1024
 
 
-def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind `address` (TLS with credentials); the bound port, or exit with why not."""
+def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None, shared: bool) -> int:
+    """Bind `address` (TLS with credentials); the bound port, or exit with why
+    not. `shared`: the supervisor holds the port for this process and its
+    siblings (SO_REUSEPORT), and has checked it already."""
+    if not shared:
+        _exit_if_in_use(address)
     try:
         if credentials is None:
             port = server.add_insecure_port(address)
@@ -66,6 +72,25 @@ def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCrede
     if port == 0:
         raise SystemExit(f"bots-server: cannot listen on {address}: the address is in use or not valid here")
     return port
+
+
+def _exit_if_in_use(address: str) -> None:
+    """Exit with one line if another socket listens on `address`. gRPC would
+    only log a C-level error line and fail, for a port in use and an address
+    not of this host alike."""
+    host, port = split_host_port(address, "listen address")
+    if port == 0:
+        return
+    with contextlib.suppress(OSError):  # resolving, or any other error: gRPC's own check decides
+        for family, kind, proto, _name, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as probe:
+                # As gRPC binds: a port whose old connections linger in TIME_WAIT is free.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(sockaddr)
+                except OSError as e:
+                    if e.errno == errno.EADDRINUSE:
+                        raise SystemExit(f"bots-server: cannot listen on {address}: {e.strerror}") from None
 
 
 def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -134,7 +159,7 @@ class BotsServer:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server,
         )
-        self.port = _listen(self.server, settings.listen, tls.server_credentials(settings))
+        self.port = _listen(self.server, settings.listen, tls.server_credentials(settings), shared=bool(siblings))
         # Probes (the kubelet's gRPC probe speaks no TLS) reach the health
         # service on a plaintext port of its own, which serves nothing else.
         self.health_server: grpc.aio.Server | None = None
@@ -142,7 +167,7 @@ class BotsServer:
         if settings.health_listen:
             self.health_server = grpc.aio.server(options=options)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
-            self.health_port = _listen(self.health_server, settings.health_listen, None)
+            self.health_port = _listen(self.health_server, settings.health_listen, None, shared=bool(siblings))
         self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
