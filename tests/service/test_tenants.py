@@ -9,6 +9,7 @@ tenant's) x (reader, writer, admin) answers as docs/security.md says.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -264,6 +265,72 @@ def test_unknown_and_missing_credentials_are_unauthenticated(tenant_server: Serv
             with pytest.raises(grpc.RpcError) as e:
                 stub.ListExperiments(pb.ListExperimentsRequest(), metadata=metadata, timeout=10)
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
+
+
+def test_every_denial_leaves_a_rate_limited_audit_line(tenant_server: ServerProcess, callers: Callable[[str], Caller]) -> None:
+    """UNAUTHENTICATED and PERMISSION_DENIED (by role, and by tenant) each log
+    an audit line on their first occurrence; repeats of the same principal,
+    status and method within a minute are counted, not logged; the token is
+    never in a line."""
+    reader, writer = callers("a-reader"), callers("a-writer")
+    tag = uuid.uuid4().hex[:8]
+    for _ in range(5):  # a reader's write, again and again
+        assert reader.call("CreateExperiment", pb.CreateExperimentRequest(name=f"no-{tag}"))[0] == DENIED
+    for _ in range(3):  # another tenant's experiment
+        assert writer.call("SelectBatch", pb.SelectBatchRequest(experiment=f"team-b/x-{tag}", batch_size=1))[0] == DENIED
+    bad_token = f"wrong-{tag}-0123456789abcdef"
+    with grpc.insecure_channel(tenant_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        for _ in range(4):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.GetExperiment(pb.GetExperimentRequest(name="x"), metadata=(("authorization", f"Bearer {bad_token}"),))
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    def denials() -> list[dict[str, object]]:
+        return [e for e in list(tenant_server.log_lines) if e.get("logger") == "bots_server.audit.denials"]
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        mine = [e for e in denials() if f"no-{tag}" in str(e) or f"x-{tag}" in str(e)]
+        if len(mine) >= 1 and any(e.get("method") == "GetExperiment" for e in denials()):
+            break
+        time.sleep(0.1)
+    lines = denials()
+    by_role = [e for e in lines if e.get("who") == "a-reader@team-a" and e.get("method") == "CreateExperiment"]
+    assert len(by_role) == 1 and by_role[0]["level"] == "WARNING" and by_role[0]["code"] == "PERMISSION_DENIED"
+    assert "needs writer" in str(by_role[0]["reason"])
+    by_tenant = [e for e in lines if e.get("who") == "a-writer@team-a" and e.get("method") == "SelectBatch"]
+    assert len(by_tenant) == 1 and "tenant 'team-b'" in str(by_tenant[0]["reason"])
+    unknown = [e for e in lines if e.get("code") == "UNAUTHENTICATED" and e.get("method") == "GetExperiment"]
+    assert len(unknown) == 1 and str(unknown[0]["who"]).startswith("ipv") and unknown[0]["reason"] == "invalid bearer token"
+    assert all(bad_token not in str(e) and "secret-token" not in str(e) for e in lines)
+
+
+def test_denial_lines_count_what_they_suppressed() -> None:
+    from bots_server.service.denials import DenialLog, peer_host
+
+    now = [0.0]
+    log = DenialLog(interval_s=60.0, max_tracked=2, clock=lambda: now[0])
+    records: list[dict[str, object]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append({k: getattr(record, k) for k in ("who", "method", "suppressed")})
+
+    handler = Keep()
+    logging.getLogger("bots_server.audit.denials").addHandler(handler)
+    try:
+        for t in (0.0, 1.0, 59.0, 60.0, 61.0):
+            now[0] = t
+            log.note("w@a", "PERMISSION_DENIED", "AddTasks", "why")
+        now[0] = 61.0
+        for who in ("x@a", "y@a"):  # two more keys: the oldest is forgotten (max_tracked = 2)
+            log.note(who, "PERMISSION_DENIED", "AddTasks", "why")
+        log.note("w@a", "PERMISSION_DENIED", "AddTasks", "why")
+    finally:
+        logging.getLogger("bots_server.audit.denials").removeHandler(handler)
+    assert [(r["who"], r["suppressed"]) for r in records] == [("w@a", 0), ("w@a", 2), ("x@a", 0), ("y@a", 0), ("w@a", 0)]
+    assert peer_host("ipv4:10.0.0.7:51234") == "ipv4:10.0.0.7" and peer_host("ipv6:[::1]:5") == "ipv6:[::1]"
 
 
 def test_the_audit_line_names_the_principal(tenant_server: ServerProcess, callers: Callable[[str], Caller]) -> None:

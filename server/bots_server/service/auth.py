@@ -17,8 +17,6 @@ carry no credentials, and reflection only describes the API.
 from __future__ import annotations
 
 import contextlib
-import logging
-import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -28,10 +26,9 @@ from bots_server import logs
 from bots_server.core import tenancy
 from bots_server.core.tenancy import Principal, Role
 from bots_server.service.credentials import Credentials
+from bots_server.service.denials import DenialLog, peer_host
 from bots_server.service.interceptors import Continuation, metadata_value, on_finish, wrap_handler
 from bots_server.service.rpc_names import GO_CODE_NAMES, split_method
-
-log = logging.getLogger(__name__)
 
 AUTHORIZATION_KEY = "authorization"
 AUTH_EXEMPT_PREFIXES = (
@@ -58,8 +55,6 @@ REQUIRED_ROLE = {
     "ReactivateTasks": Role.WRITER,
     "SetGroupShares": Role.WRITER,
 }
-_REJECTION_LOG_INTERVAL_S = 60.0
-
 
 def certificate_identities(context: grpc.aio.ServicerContext) -> list[str]:
     """The client certificate's common name, then its subject alternative
@@ -75,8 +70,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         `tenant_calls`: counter labelled (tenant, grpc_method, grpc_code)."""
         self.credentials = credentials
         self.tenant_calls = tenant_calls
-        self._rejected = 0
-        self._last_log = -_REJECTION_LOG_INTERVAL_S
+        self.denials = DenialLog()
 
     def authenticate(self, header: str | None, context: grpc.aio.ServicerContext) -> Principal | str:
         """The caller, or why not."""
@@ -107,20 +101,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         async def around(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
             principal = self.authenticate(header, context)
             if isinstance(principal, str):
-                self._note_rejection(method, principal)
+                self.denials.note(peer_host(context.peer()), "UNAUTHENTICATED", method_name, principal)
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {principal}")
                 return
+            label = f"{principal.name}@{principal.tenant}"
             if principal.role < required:
                 self._count(principal, method_name, grpc.StatusCode.PERMISSION_DENIED)
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
+                reason = (
                     f"{method_name}: {principal.name!r} has role {principal.role.label}; "
-                    f"this call needs {required.label} or above",
+                    f"this call needs {required.label} or above"
                 )
+                self.denials.note(label, "PERMISSION_DENIED", method_name, reason)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
                 return
-            tokens = (tenancy.current.set(principal), logs.principal.set(f"{principal.name}@{principal.tenant}"))
+
+            def finished(code: grpc.StatusCode) -> None:
+                self._count(principal, method_name, code)
+                if code == grpc.StatusCode.PERMISSION_DENIED:  # another tenant's experiment (core/tenancy.py)
+                    self.denials.note(label, "PERMISSION_DENIED", method_name, context.details() or "")
+
+            tokens = (tenancy.current.set(principal), logs.principal.set(label))
             try:
-                async with on_finish(context, lambda code: self._count(principal, method_name, code)):
+                async with on_finish(context, finished):
                     yield
             finally:
                 logs.principal.reset(tokens[1])
@@ -131,15 +133,3 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _count(self, principal: Principal, method_name: str, code: grpc.StatusCode) -> None:
         if self.tenant_calls is not None:
             self.tenant_calls.labels(principal.tenant, method_name, GO_CODE_NAMES.get(code, "Unknown")).inc()
-
-    def _note_rejection(self, method: str, reason: str) -> None:
-        # A misconfigured trainer retries in a loop: one WARNING a minute with
-        # the count, not one per call (the metrics count every call).
-        self._rejected += 1
-        now = time.monotonic()
-        if now - self._last_log >= _REJECTION_LOG_INTERVAL_S:
-            log.warning(
-                "rejected unauthenticated calls",
-                extra={"method": method, "reason": reason, "rejected_since_last_log": self._rejected},
-            )
-            self._rejected, self._last_log = 0, now
