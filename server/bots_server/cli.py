@@ -38,6 +38,9 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 # should be reported in seconds, not after the trainer's 60 s retry budget
 # (which exists to ride through a server restart mid-training).
 DEFAULT_RETRY_SECONDS = 5.0
+# The exit status when standard output's reader went away (`export | head`):
+# the shell's status of a command killed by SIGPIPE (cat, grep), 128 + 13.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 # Deadline of one list/show call; export streams a whole pool and keeps the
 # client's bulk deadline.
 DEFAULT_CALL_SECONDS = 10.0
@@ -426,7 +429,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a supervisor starts its processes with them
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # now, not at exit: a reader gone is handled below
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as `cat` does.
+        # Python's recipe: stdout to devnull, or the flush at exit fails again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except bots_client.UnavailableError as e:
         # One line a person can act on; the gRPC detail (connection refused,
         # DNS failure, database down) stays at the end for the curious.

@@ -11,12 +11,16 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import bots_client
+from bots_client import Task
 from bots_server import cli, settings
+from tests.support.servers import ServerProcess
 
 # Ports of the Prometheus stack and its usual neighbours on a host or in a
 # pod: Prometheus, Pushgateway, Alertmanager, node_exporter, Grafana, the
@@ -133,3 +137,26 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(database: str, tmp_path: Pat
         result = serve("--db", url, "--listen", address, "--processes", processes)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [f"bots-server: cannot listen on {address}: Address already in use"]
+
+
+def test_export_into_head_stops_quietly(sqlite_server: ServerProcess) -> None:
+    name = f"head-{uuid.uuid4().hex[:8]}"
+    with bots_client.Client(sqlite_server.address) as client:
+        client.create_experiment(name)
+        # Far more CSV than a pipe buffers (64 KiB): the export is still
+        # writing when the reader goes away.
+        client.add_tasks(name, [Task(f"task-{i:06d}") for i in range(20_000)])
+    export = subprocess.Popen(
+        [sys.executable, "-m", "bots_server.cli", "export", name, "--server", sqlite_server.address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert export.stdout is not None and export.stderr is not None
+    first = export.stdout.readline()  # what `| head -1` does: one line, then close
+    export.stdout.close()
+    stderr = export.stderr.read()
+    # 141 = 128 + SIGPIPE: what the shell reports for `cat big | head -1`'s
+    # cat, so `set -o pipefail` still sees the output was cut short; no
+    # traceback and no message.
+    assert export.wait(60) == cli.EXIT_BROKEN_PIPE == 141
+    assert first == b"key,alpha,beta,mean,retired\r\n"
+    assert stderr == b""
