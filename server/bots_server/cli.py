@@ -105,7 +105,7 @@ def _migrate(args: argparse.Namespace) -> int:
                 if args.check:
                     current, revisions, heads = store.schema_status()
                     if not current:
-                        print(f"schema is at {revisions or 'nothing (empty database)'}; the code needs {heads}")
+                        print(f"schema is at {revisions or 'nothing (empty database, or none yet)'}; the code needs {heads}")
                         return 3
                 else:
                     store.migrate()
@@ -346,8 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="retry while the database is unreachable, up to this long (env BOTS_MIGRATE_WAIT_SECONDS; default 0)",
     )
     migrate.add_argument(
-        "--check", action="store_true", help="change nothing; exit 3 if the schema is not at the latest revision"
-    )
+        "--check", action="store_true",
+        help="change nothing (nor create a missing SQLite file); exit 3 if the schema is not at the latest revision",
+    )  # fmt: skip
     migrate.add_argument(
         "--log-format", choices=("text", "json"), default=os.environ.get("BOTS_LOG_FORMAT", "text"),
         help="text or json (env BOTS_LOG_FORMAT)",

@@ -39,6 +39,16 @@ def test_check_then_migrate_then_serve_without_migrating(tmp_path: Path) -> None
         server.stop()
 
 
+def test_check_creates_no_database_file(tmp_path: Path) -> None:
+    # --check changes nothing: connecting to SQLite would create the file.
+    missing = tmp_path / "new.db"
+    check = migrate("--db", f"sqlite:///{missing}", "--check")
+    assert check.returncode == 3, check.stdout + check.stderr  # 3: not at the latest revision (see --help)
+    assert check.stdout.startswith("schema is at nothing (empty database, or none yet); the code needs ")
+    assert check.stderr == ""
+    assert list(tmp_path.iterdir()) == []
+
+
 def _migrate_at_barrier(url: str, barrier: BarrierType) -> str:
     """In a child process: connect, wait for the others, then migrate."""
     from bots_server.store import open_store

@@ -25,7 +25,12 @@ def upgrade(conn: Connection, revision: str) -> None:
     command.upgrade(config, revision)
 
 
+def heads() -> list[str]:
+    """The code's head revisions."""
+    return sorted(ScriptDirectory(str(MIGRATIONS)).get_heads())
+
+
 def status(conn: Connection) -> SchemaStatus:
-    heads = sorted(ScriptDirectory(str(MIGRATIONS)).get_heads())
+    code = heads()
     current = sorted(MigrationContext.configure(conn).get_current_heads())
-    return SchemaStatus(current == heads, current, heads)
+    return SchemaStatus(current == code, current, code)

@@ -15,7 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine
 
+from bots_server.store import revisions
 from bots_server.store.errors import DatabaseInUse
+from bots_server.store.records import SchemaStatus
 from bots_server.store.sql import SqlStore
 
 
@@ -34,9 +36,10 @@ class SqliteStore(SqlStore):
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         parsed = sa.make_url(url)
+        self._file = pathlib.Path(parsed.database) if parsed.database not in (None, "", ":memory:") else None
         self._lock_fd: int | None = None
-        if exclusive and parsed.database not in (None, "", ":memory:"):
-            self._lock_fd = _lock_database_file(str(parsed.database))
+        if exclusive and self._file is not None:
+            self._lock_fd = _lock_database_file(str(self._file))
         # SQLite has one writer at a time; queueing this process's writers on
         # a lock is fairer and faster than SQLite's sleeping busy handler.
         self._writer = threading.Lock()
@@ -49,6 +52,12 @@ class SqliteStore(SqlStore):
             # POSIX locks on it, SQLite's own included.
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+
+    def schema_status(self) -> SchemaStatus:
+        # Connecting would create a missing file: a check changes nothing.
+        if self._file is not None and not self._file.exists():
+            return SchemaStatus(False, [], revisions.heads())
+        return super().schema_status()
 
     @contextmanager
     def _write_connection(self) -> Iterator[Connection]:
