@@ -126,19 +126,23 @@ def _compact(args: argparse.Namespace) -> int:
     """Compact the event log of the database's experiments now, beside
     running servers or without them (store.compact clamps to each
     checkpoint and serializes with reports)."""
+    from bots_server.core import tenancy
     from bots_server.core.checkpoints import compact_events
+    from bots_server.errors import InvalidArgument
 
     if args.retention_steps < 1:
         print("error: --retention-steps must be >= 1", file=sys.stderr)
         return 1
     try:
+        # As a server's administrator names it: "default/NAME" is NAME.
+        stored = tenancy.resolve(tenancy.ANONYMOUS, args.experiment, "--experiment") if args.experiment else ""
         store = open_store(args.db)
-    except UnsupportedDatabase as e:
+    except (InvalidArgument, UnsupportedDatabase) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        if args.experiment:
-            found = store.find_experiment(args.experiment)
+        if stored:
+            found = store.find_experiment(stored)
             if found is None:
                 print(f"error: experiment {args.experiment!r} not found", file=sys.stderr)
                 return 1
@@ -365,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the events of this many steps before each experiment's current step (never past its checkpoint; "
         "env BOTS_EVENT_RETENTION_STEPS; default 10000)",
     )  # fmt: skip
-    compact.add_argument("--experiment", default="", help="only this experiment (its stored name, tenant/name)")
+    compact.add_argument(
+        "--experiment", default="", help="only this experiment: NAME (tenant default) or TENANT/NAME"
+    )
     compact.set_defaults(run=_compact)
 
     experiments = commands.add_parser("experiments", help="list or show experiments of a running server")

@@ -128,3 +128,26 @@ def test_the_compact_command_beside_a_stopped_server(tmp_path) -> None:
             run_steps(client, "run", range(20, 22))
     finally:
         server.stop()
+
+
+def test_the_compact_command_names_experiments_as_the_api_does(tmp_path) -> None:
+    # The default tenant's names are stored plain; "default/NAME" names the
+    # same experiment, as it does in every call.
+    url = f"sqlite:///{tmp_path / 'names.db'}"
+    server = ServerProcess(url).start()
+    try:
+        with bots_client.Client(server.address) as client:
+            client.create_experiment("math")
+    finally:
+        server.stop()
+    compact = [sys.executable, "-m", "bots_server.cli", "compact", "--db", url, "--experiment"]
+    for name in ("math", "default/math"):
+        done = subprocess.run([*compact, name], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("math: step 0, "), done.stdout
+    missing = subprocess.run([*compact, "other/math"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1
+    assert missing.stderr == "error: experiment 'other/math' not found\n"
+    bad = subprocess.run([*compact, "a/b/c"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("error: tenant of --experiment 'a/b/c'") and len(bad.stderr.splitlines()) == 1
