@@ -4,8 +4,10 @@ bad value, and a rejected request changes nothing."""
 from __future__ import annotations
 
 import math
+import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -15,6 +17,7 @@ import bots_client
 from bots_client import ExperimentConfig, Task
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
+from tests.support.servers import ServerProcess
 
 Code = grpc.StatusCode
 
@@ -129,6 +132,26 @@ def test_add_tasks_rejects_bad_tasks_atomically(client: bots_client.Client, stub
     expect_rpc(Code.INVALID_ARGUMENT, "'other' after", lambda: stub.AddTasks(iter(mixed)))
     expect_rpc(Code.INVALID_ARGUMENT, "no tasks given", lambda: stub.AddTasks(iter([pb.AddTasksRequest(experiment=exp)])))
     assert state(client, exp) == before
+
+
+def test_add_tasks_to_a_missing_experiment_answers_at_the_first_message(server: ServerProcess) -> None:
+    """A real server (the in-process stand-in reads whole streams) answers
+    NOT_FOUND after the first message, not after buffering the stream."""
+    more = threading.Event()
+
+    def chunks() -> Iterator[pb.AddTasksRequest]:
+        yield pb.AddTasksRequest(experiment=f"ghost-{uuid.uuid4().hex[:8]}", tasks=[pb.Task(key="t0")])
+        more.wait(30)  # a stream still uploading
+        yield pb.AddTasksRequest(tasks=[pb.Task(key="t1")])
+
+    started = time.monotonic()
+    with grpc.insecure_channel(server.address) as channel:
+        try:
+            call = pb_grpc.TaskSelectorStub(channel).AddTasks
+            expect_rpc(Code.NOT_FOUND, "not found", lambda: call(chunks(), timeout=60))
+        finally:
+            more.set()
+    assert time.monotonic() - started < 10
 
 
 def test_select_batch_rejects_bad_sizes(client: bots_client.Client, exp: str) -> None:

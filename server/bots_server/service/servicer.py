@@ -167,6 +167,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 if not chunk.experiment:
                     raise InvalidArgument("AddTasks: the first message must name the experiment")
                 name = _name(chunk.experiment)
+                # NOT_FOUND now, not after buffering a stream of a million tasks.
+                await self.core.experiments.get(name)
             elif chunk.experiment and chunk.experiment != first.experiment:
                 raise InvalidArgument(
                     f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
