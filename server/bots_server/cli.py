@@ -458,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         # A host that drops packets instead of refusing the connection.
         print(f"error: server {args.server} did not answer in time: {_one_line(e.message)}", file=sys.stderr)
         return 2
+    except bots_client.UnauthenticatedError as e:
+        # The server's hint (send 'authorization' metadata) is for programs;
+        # a person at a terminal sets BOTS_TOKEN.
+        why = _one_line(e.message.partition(";")[0])
+        print(f"error: {e.code.name}: {why}; set BOTS_TOKEN to a token {args.server} accepts", file=sys.stderr)
+        return 1
     except bots_client.BotsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

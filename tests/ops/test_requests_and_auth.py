@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -136,6 +139,24 @@ def test_calls_need_a_valid_bearer_token(auth_server: MetricsServer) -> None:
             client.create_experiment(name, ExperimentConfig(seed=1))
             client.add_tasks(name, [Task("a"), Task("b")])
             assert client.snapshot(name).keys == ["a", "b"]
+
+
+def test_the_cli_says_to_set_bots_token(auth_server: MetricsServer) -> None:
+    def listing(token: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "BOTS_TOKEN"} | ({"BOTS_TOKEN": token} if token else {})
+        return subprocess.run(
+            [sys.executable, "-m", "bots_server.cli", "experiments", "list", "--server", auth_server.address],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+
+    # Not the server's hint for programs ("send metadata 'authorization: ...'").
+    for token, why in ((None, "missing bearer token"), ("wrong-token", "invalid bearer token")):
+        denied = listing(token)
+        assert denied.returncode == 1
+        assert denied.stderr.startswith("error: UNAUTHENTICATED: /bots.v1.TaskSelector/ListExperiments: ")
+        assert denied.stderr.endswith(f"{why}; set BOTS_TOKEN to a token {auth_server.address} accepts\n")
+        assert denied.stderr.count("\n") == 1 and "metadata" not in denied.stderr
+    assert listing("alpha-token").returncode == 0
 
 
 def test_health_and_reflection_need_no_token(auth_server: MetricsServer) -> None:
