@@ -334,7 +334,7 @@ def _groups_set(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bots-server", description="BOTS selection service")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gRPC server")
@@ -376,17 +376,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     experiments = commands.add_parser("experiments", help="list or show experiments of a running server")
     sub = experiments.add_subparsers(dest="action", required=True)
-    listing = sub.add_parser("list")
+    listing = sub.add_parser("list", help="one line per experiment: strategy, step, tasks, open batches, capability")
     listing.set_defaults(run=_list)
-    show = sub.add_parser("show")
-    show.add_argument("name")
+    show = sub.add_parser("show", help="an experiment's config and state, as JSON")
+    show.add_argument("name", help="experiment")
     show.set_defaults(run=_show)
     for p in (listing, show):
         _connection_arguments(p)
 
     export = commands.add_parser("export", help="export an experiment's posterior to CSV or JSON lines")
-    export.add_argument("name")
-    export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    export.add_argument("name", help="experiment")
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="csv (default) or jsonl")
     export.add_argument("--output", default="-", help="file to write (default: standard output)")
     _connection_arguments(export)
     export.set_defaults(run=_export)

@@ -19,7 +19,12 @@ class Setting:
     env: str
     default: str
     help: str
+    shown_default: str = ""  # what --help says of a default computed from other settings
 
+
+# Time a stop has after the grace period: the final checkpoints (a 1M-task
+# pool's took 0.9-2.2 s in bench/checkpoint.py) and closing, with room to spare.
+SHUTDOWN_AFTER_GRACE_SECONDS = 25.0
 
 SETTINGS = (
     Setting(
@@ -57,7 +62,8 @@ SETTINGS = (
         "BOTS_SHUTDOWN_SECONDS",
         "",
         "on SIGTERM, exit after this long at most (grace, final checkpoints, closing), with exit code 3 and every "
-        "thread's stack logged if it was not done; more than --grace-seconds (default: --grace-seconds + 25)",
+        "thread's stack logged if it was not done; more than --grace-seconds",
+        shown_default=f"--grace-seconds + {SHUTDOWN_AFTER_GRACE_SECONDS:g}",
     ),
     Setting("--workers", "BOTS_WORKERS", "8", "threads for database and numpy work"),
     Setting(
@@ -211,7 +217,8 @@ class ServerSettings:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
         default = os.environ.get(s.env, s.default)
-        parser.add_argument(s.flag, default=default, help=f"{s.help} (env {s.env}; default {s.default!r})")
+        shown = s.shown_default or repr(s.default)
+        parser.add_argument(s.flag, default=default, help=f"{s.help} (env {s.env}; default {shown})")
 
 
 def split_host_port(address: str, what: str) -> tuple[str, int]:
@@ -246,11 +253,6 @@ def _amount(text: str, what: str, zero: bool = True) -> float:
     if not value >= (0 if zero else 1e-6):  # also NaN
         raise ValueError(f"{what} = {text!r} must be {'>= 0' if zero else '> 0'}")
     return value
-
-
-# Time a stop has after the grace period: the final checkpoints (a 1M-task
-# pool's took 0.9-2.2 s in bench/checkpoint.py) and closing, with room to spare.
-SHUTDOWN_AFTER_GRACE_SECONDS = 25.0
 
 
 def _shutdown_seconds(args: argparse.Namespace) -> float:

@@ -5,6 +5,7 @@ stays clear of the monitoring stack's own ports."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -160,3 +161,39 @@ def test_export_into_head_stops_quietly(sqlite_server: ServerProcess) -> None:
     assert export.wait(60) == cli.EXIT_BROKEN_PIPE == 141
     assert first == b"key,alpha,beta,mean,retired\r\n"
     assert stderr == b""
+
+
+def _subcommands(parser: argparse.ArgumentParser, path: str = "bots-server") -> Iterator[tuple[str, str | None, argparse.ArgumentParser]]:
+    """(command line, its help, its parser) of every subcommand, nested ones too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield f"{path} {name}", helps.get(name), sub
+                yield from _subcommands(sub, f"{path} {name}")
+
+
+def test_every_subcommand_and_argument_has_a_help_string() -> None:
+    commands = list(_subcommands(cli.build_parser()))
+    assert len(commands) >= 14
+    for command, text, parser in commands:
+        assert text, f"{command}: no help"
+        for action in parser._actions:
+            assert action.help or isinstance(action, argparse._SubParsersAction), f"{command} {action.dest}: no help"
+    # What a person sees: each subcommand listed with its description.
+    shown = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "experiments", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0
+    assert re.search(r"^ +list +\S", shown.stdout, flags=re.MULTILINE), shown.stdout
+    assert re.search(r"^ +show +\S", shown.stdout, flags=re.MULTILINE), shown.stdout
+
+
+def test_serve_help_gives_the_real_shutdown_default() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "serve", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0
+    text = " ".join(shown.stdout.split())
+    entry = text[text.index("--shutdown-seconds SHUTDOWN_SECONDS") :].split(" --workers ")[0]
+    assert entry.endswith(f"(env BOTS_SHUTDOWN_SECONDS; default --grace-seconds + {settings.SHUTDOWN_AFTER_GRACE_SECONDS:g})")
