@@ -1,7 +1,8 @@
 """Builds bots-selection.json, the Grafana dashboard of the BOTS selection service.
 
-    python deploy/grafana/build_dashboard.py          # rewrite the JSON
-    python deploy/grafana/build_dashboard.py --check  # exit 1 if it is stale
+    python deploy/grafana/build_dashboard.py                 # rewrite the JSON
+    python deploy/grafana/build_dashboard.py --check         # exit 1 if it is stale (CI)
+    python deploy/grafana/build_dashboard.py --output FILE   # write it elsewhere ('-': standard output)
 
 The JSON is generated so that panels stay consistent (one datasource
 variable, the same job/instance/experiment filters everywhere); the test suite
@@ -13,6 +14,7 @@ ConfigMap; its uid is fixed, so links to it survive re-imports.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -405,14 +407,25 @@ def render() -> str:
     return json.dumps(dashboard(), indent=2) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if --output differs from what this script builds"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=OUT, help=f"the JSON file (default: {OUT.name} beside this script); '-': stdout"
+    )
+    args = parser.parse_args(argv)
     text = render()
-    if "--check" in sys.argv[1:]:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run python {Path(__file__).name}", file=sys.stderr)
+    if args.check:
+        if not args.output.exists() or args.output.read_text() != text:
+            print(f"{args.output} is stale: run python {Path(__file__).name}", file=sys.stderr)
             return 1
         return 0
-    OUT.write_text(text)
+    if str(args.output) == "-":
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text)
     return 0
 
 

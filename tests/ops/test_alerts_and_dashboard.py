@@ -197,6 +197,28 @@ def test_dashboard_is_generated_parameterised_and_complete() -> None:
     } <= used  # fmt: skip
 
 
+def test_dashboard_script_has_help_and_writes_where_told(tmp_path: Path) -> None:
+    script = DEPLOY / "grafana" / "build_dashboard.py"
+
+    def build(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60)
+
+    committed = DASHBOARD.stat().st_mtime_ns
+    shown = build("--help")
+    assert shown.returncode == 0 and "--check" in shown.stdout and "--output" in shown.stdout
+    assert build("--no-such-flag").returncode == 2
+    assert DASHBOARD.stat().st_mtime_ns == committed  # neither rewrote the committed JSON
+    copy = tmp_path / "board.json"
+    assert build("--output", str(copy)).returncode == 0
+    assert copy.read_text() == DASHBOARD.read_text()
+    assert build("--output", "-").stdout == DASHBOARD.read_text()
+    assert build("--check", "--output", str(copy)).returncode == 0
+    copy.write_text("{}\n")
+    stale = build("--check", "--output", str(copy))
+    assert stale.returncode == 1
+    assert stale.stderr == f"{copy} is stale: run python build_dashboard.py\n"
+
+
 def test_prometheusrule_carries_the_same_rules() -> None:
     rule = yaml.safe_load((DEPLOY / "k8s" / "components" / "servicemonitor" / "prometheusrule.yaml").read_text())
     assert rule["kind"] == "PrometheusRule"
