@@ -26,7 +26,8 @@ no gradient). Two arms, with the same rollouts per step:
 The script starts its own `bots-server` on a temporary SQLite file (or uses
 --address), runs both arms for --seeds seeds, prints the steps each needs to
 reach the --targets accuracies (greedy decoding, exact match, over the whole
-pool) and saves the learning curves to a PNG.
+pool) and saves the learning curves to a PNG (--out; by default
+build/grpo_curriculum/learning_curves.png, not the committed figure).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ from bots_client.integrations.torch import BotsSampler
 from bots_client.types import SELECTION_MODES
 
 BOS = 10  # the "previous digit" before the first one
+# A run writes its figure here by default, not over the committed one (which
+# the README shows): running the example leaves the checkout unchanged.
+DEFAULT_PLOT = Path("build") / "grpo_curriculum" / "learning_curves.png"
+COMMITTED_PLOT = Path("examples") / "grpo_curriculum" / "learning_curves.png"
 
 
 # -- the task family ------------------------------------------------------------------
@@ -352,6 +357,7 @@ def plot(curves: list[Curve], targets: list[float], max_len: int, path: Path) ->
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -381,7 +387,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--targets", type=float, nargs="+", default=[0.2, 0.4, 0.6, 0.8])
     p.add_argument("--stop-early", action="store_true", help="stop a run once it reaches the highest target")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "learning_curves.png")
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_PLOT,
+        help="the PNG of the learning curves (under the current directory: build/ is gitignored in the checkout; "
+        f"--out {COMMITTED_PLOT} regenerates the committed figure)",
+    )  # fmt: skip
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--verbose", action="store_true")
     return p.parse_args(argv)
