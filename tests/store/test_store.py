@@ -28,15 +28,18 @@ from bots_server.store import (
     ExperimentCopy,
     LeaseConflict,
     Lookup,
+    OverQuota,
     RequestKeyTaken,
     StaleStep,
     StepEvent,
+    TenantLimits,
+    TenantUsage,
     UnsupportedDatabase,
     checkpoint_blob,
     open_store,
     pieces,
 )
-from bots_server.store.postgresql import PostgresStore
+from bots_server.store.postgresql import PostgresStore, tenant_lock_key
 from bots_server.store.schema import metadata
 from bots_server.store.sql import SqlStore
 from bots_server.store.sqlite import SqliteStore
@@ -226,6 +229,31 @@ def test_delete_removes_every_row_of_the_experiment(store: SqlStore) -> None:
     store.write_checkpoint(gone, 1, 2, b"state", NOW)
     assert store.delete_experiment(gone)
     assert count_rows(store) == baseline
+
+
+def test_writes_past_the_tenant_limits_are_over_quota_and_write_nothing(store: SqlStore) -> None:
+    limits = TenantLimits("t", max_experiments=2, max_tasks=3)
+    first = store.create_experiment("t/a", {}, NOW, "t", limits=limits)
+    given = ExperimentCopy("t/b", {}, 0, None, 1, b"", "x", keys=["k"], features=[{}], tenant="t")
+    store.create_copy(given, NOW, limits=limits)
+    assert store.add_tasks(first.id, 0, ["x", "y"], [{}, {}], limits=limits) == 2  # adds no experiment
+    before = count_rows(store)
+    refused = [
+        functools.partial(store.create_experiment, "t/c", {}, NOW, "t", limits=limits),
+        functools.partial(store.add_tasks, first.id, 2, ["z"], [{}], limits=limits),
+        functools.partial(
+            store.create_copy,
+            ExperimentCopy("t/d", {}, 0, None, 1, b"", "x", source_id=first.id, tenant="t"),
+            NOW,
+            limits=dataclasses.replace(limits, max_experiments=3),
+        ),
+    ]
+    for write in refused:
+        with pytest.raises(OverQuota) as e:
+            write()
+        assert e.value.usage == TenantUsage(2, 3)
+    assert count_rows(store) == before
+    store.create_experiment("u/a", {}, NOW, "u", limits=TenantLimits("u", max_experiments=1))  # another tenant
 
 
 # -- tasks, loading and checkpoints ----------------------------------------------------------
@@ -577,6 +605,24 @@ def test_racing_reports_advance_the_step_once(replicas: tuple[SqlStore, SqlStore
         assert sorted(type(r).__name__ for r in results) == ["NoneType", "StaleStep"], results
     rows = b.load(experiment)
     assert rows is not None and rows.experiment.step == 10 and [e.step for e in rows.events] == list(range(1, 11))
+
+
+def test_the_tenant_lock_key_is_the_same_in_every_release() -> None:
+    # Replicas of two releases (a rolling upgrade) must lock the same key.
+    assert (tenant_lock_key("team-a"), tenant_lock_key("default")) == (-4304809284944768907, 234917281408703869)
+
+
+def test_racing_writes_of_one_tenant_on_two_replicas_stay_within_its_limits(
+    replicas: tuple[SqlStore, SqlStore],
+) -> None:
+    limits = TenantLimits("t", max_experiments=3)
+    calls = [
+        functools.partial(s.create_experiment, f"t/e{i}", {}, NOW, "t", limits=limits)
+        for i, s in enumerate(replicas * 5)
+    ]
+    results = run_together(calls)
+    assert sorted(type(r).__name__ for r in results) == ["ExperimentRow"] * 3 + ["OverQuota"] * 7, results
+    assert replicas[0].tenant_usage("t") == TenantUsage(3, 0)
 
 
 def test_a_replica_catches_up_with_what_another_committed(replicas: tuple[SqlStore, SqlStore]) -> None:

@@ -13,6 +13,7 @@ from bots_server.store.errors import (
     BatchAlreadyReported,
     DatabaseInUse,
     LeaseConflict,
+    OverQuota,
     RequestKeyTaken,
     StaleStep,
     UnsupportedDatabase,
@@ -31,6 +32,7 @@ from bots_server.store.records import (
     SchemaStatus,
     SharesEvent,
     StepEvent,
+    TenantLimits,
     TenantUsage,
 )
 
@@ -78,6 +80,7 @@ __all__ = [
     "LeaseConflict",
     "LoadedRows",
     "Lookup",
+    "OverQuota",
     "PoolEvent",
     "RequestKeyTaken",
     "RetirementEvent",
@@ -86,6 +89,7 @@ __all__ = [
     "StaleStep",
     "StepEvent",
     "Store",
+    "TenantLimits",
     "TenantUsage",
     "UnsupportedDatabase",
     "open_store",

@@ -12,7 +12,14 @@ Common to every method:
 - It is safe to call from several threads at once. Several stores (replicas)
   may share one PostgreSQL database; what keeps them consistent is stated
   per method (compare-and-set on the experiment's step, the experiment row
-  lock).
+  lock, the tenant lock).
+- A write given `limits` (TenantLimits: create_experiment, create_copy,
+  add_tasks) first takes the tenant's lock, held to its commit, then counts
+  the tenant's experiments and tasks and raises OverQuota, writing nothing,
+  if what it adds would take the tenant past them. The lock serializes
+  these writes of one tenant across threads and replicas (PostgreSQL: an
+  advisory lock; SQLite: the database's single writer), so concurrent
+  writes never leave a tenant above its limits.
 - Times are passed in by the caller (timezone-aware) and read back as
   timezone-aware datetimes of the same instants.
 """
@@ -36,6 +43,7 @@ from bots_server.store.records import (
     SchemaStatus,
     SharesEvent,
     StepEvent,
+    TenantLimits,
     TenantUsage,
 )
 
@@ -86,18 +94,26 @@ class Store(abc.ABC):
         now: dt.datetime,
         tenant: str = DEFAULT_TENANT,
         abandoned: Callable[[], bool] | None = None,
+        *,
+        limits: TenantLimits | None = None,
     ) -> ExperimentRow:
         """A new experiment at step 0 with no tasks, and its empty checkpoint.
         `config` is kept as a JSON object, uninterpreted. `name` is the stored
         name (unique across tenants), `tenant` the tenant it belongs to.
 
         Raises AlreadyExists if the name is taken; of two racing creates of
-        one name exactly one succeeds. `abandoned`: see add_tasks.
+        one name exactly one succeeds. `abandoned`: see add_tasks. `limits`
+        (of `tenant`): OverQuota if the tenant has max_experiments already.
         """
 
     @abc.abstractmethod
     def create_copy(
-        self, copy: ExperimentCopy, now: dt.datetime, abandoned: Callable[[], bool] | None = None
+        self,
+        copy: ExperimentCopy,
+        now: dt.datetime,
+        abandoned: Callable[[], bool] | None = None,
+        *,
+        limits: TenantLimits | None = None,
     ) -> ExperimentRow:
         """A new experiment starting at a given state and step (fork,
         restore): its tasks (copied from `copy.source_id`'s first
@@ -106,7 +122,8 @@ class Store(abc.ABC):
 
         Raises AlreadyExists if the name is taken; nothing is written then.
         Keys must be unique (the caller validates them). `abandoned`: see
-        add_tasks.
+        add_tasks. `limits` (of `copy.tenant`): OverQuota if one more
+        experiment, or `copy.num_tasks` more tasks, would exceed them.
         """
 
     @abc.abstractmethod
@@ -145,6 +162,8 @@ class Store(abc.ABC):
         features: Sequence[dict[str, float]],
         abandoned: Callable[[], bool] | None = None,
         groups: Sequence[str] | None = None,
+        *,
+        limits: TenantLimits | None = None,
     ) -> int:
         """Append tasks at indices expected_num_tasks, expected_num_tasks+1, ...
         and return the new number of tasks. `groups`: each task's group ("" or
@@ -157,6 +176,10 @@ class Store(abc.ABC):
 
         `abandoned` is asked just before the commit; if it says True, nothing
         is written and Abandoned is raised (the caller went away meanwhile).
+
+        `limits` (of the experiment's tenant): OverQuota if `keys` more
+        tasks would exceed its max_tasks (max_experiments is not checked:
+        no experiment is added).
         """
 
     @abc.abstractmethod

@@ -5,7 +5,7 @@ library, so the core can catch them without importing one."""
 
 from __future__ import annotations
 
-from bots_server.store.records import BatchRow
+from bots_server.store.records import BatchRow, TenantUsage
 
 
 class StaleStep(Exception):
@@ -27,6 +27,15 @@ class RequestKeyTaken(Exception):
     def __init__(self, existing: BatchRow) -> None:
         super().__init__(existing.batch_id)
         self.existing = existing
+
+
+class OverQuota(Exception):
+    """The write would take its tenant past its TenantLimits: rolled back,
+    nothing written. `usage`: the tenant's usage the transaction read."""
+
+    def __init__(self, usage: TenantUsage) -> None:
+        super().__init__(usage)
+        self.usage = usage
 
 
 class Abandoned(Exception):

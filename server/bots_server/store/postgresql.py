@@ -3,6 +3,7 @@ bounded waits everywhere, COPY for bulk rows."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -19,6 +20,16 @@ from bots_server.store.sql import SqlStore
 # pg_advisory_lock key ("bots" in ASCII): serializes schema upgrades, so that
 # replicas starting together (or migrate init containers) do not race on DDL.
 _MIGRATION_LOCK_KEY = 0x626F7473
+_LOCK_TENANT = sa.text("SELECT pg_advisory_xact_lock(:key)")
+
+
+def tenant_lock_key(tenant: str) -> int:
+    """The advisory lock key of `tenant`: a signed 64-bit hash of its name,
+    the same in every process (unlike hash()) and in every release: replicas
+    of two releases, in a rolling upgrade, must lock the same key. Two
+    tenants sharing a key only take turns."""
+    digest = hashlib.blake2b(tenant.encode(), digest_size=8, person=b"bots-tenant").digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 class PostgresStore(SqlStore):
@@ -58,6 +69,11 @@ class PostgresStore(SqlStore):
 
     def _check_and_insert_batch(self, conn: Connection, values: Mapping[str, Any]) -> tuple[Any, bool]:
         return conn.execute(_CHECK_AND_INSERT_BATCH, values).one(), True
+
+    def _lock_tenant(self, conn: Connection, tenant: str) -> None:
+        # Released by the commit or rollback. A statement after it (READ
+        # COMMITTED) sees what the lock's previous holder committed.
+        conn.execute(_LOCK_TENANT, {"key": tenant_lock_key(tenant)})
 
     def _snapshot(self, conn: Connection) -> None:
         conn.execution_options(isolation_level="REPEATABLE READ")

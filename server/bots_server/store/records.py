@@ -164,6 +164,18 @@ class TenantUsage(NamedTuple):
     tasks: int
 
 
+@dataclass(frozen=True)
+class TenantLimits:
+    """Bounds a write must keep `tenant` within (None: no bound): at most
+    `max_experiments` experiments and `max_tasks` tasks in all of them. The
+    caller decides them; the store counts and compares in the write's own
+    transaction."""
+
+    tenant: str
+    max_experiments: int | None = None
+    max_tasks: int | None = None
+
+
 class SchemaStatus(NamedTuple):
     """Where the database's schema stands against the code's migrations."""
 

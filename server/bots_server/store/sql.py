@@ -29,7 +29,14 @@ from bots_server.errors import AlreadyExists, Unavailable
 from bots_server.store import pieces, revisions
 from bots_server.store import schema as t
 from bots_server.store.base import Store
-from bots_server.store.errors import Abandoned, BatchAlreadyReported, LeaseConflict, RequestKeyTaken, StaleStep
+from bots_server.store.errors import (
+    Abandoned,
+    BatchAlreadyReported,
+    LeaseConflict,
+    OverQuota,
+    RequestKeyTaken,
+    StaleStep,
+)
 from bots_server.store.records import (
     DEFAULT_TENANT,
     BatchRow,
@@ -44,6 +51,7 @@ from bots_server.store.records import (
     SchemaStatus,
     SharesEvent,
     StepEvent,
+    TenantLimits,
     TenantUsage,
 )
 
@@ -182,9 +190,12 @@ class SqlStore(Store):
         now: dt.datetime,
         tenant: str = DEFAULT_TENANT,
         abandoned: Callable[[], bool] | None = None,
+        *,
+        limits: TenantLimits | None = None,
     ) -> ExperimentRow:
         try:
             with self._write(abandoned) as conn:
+                self._admit(conn, limits, new_experiment=True, tasks=0)
                 experiment_id = _insert_experiment(
                     conn, name=name, tenant=tenant, step=0, num_tasks=0, create_time=now, config=_config_json(config)
                 )
@@ -197,11 +208,17 @@ class SqlStore(Store):
 
     @_translate_errors
     def create_copy(
-        self, copy: ExperimentCopy, now: dt.datetime, abandoned: Callable[[], bool] | None = None
+        self,
+        copy: ExperimentCopy,
+        now: dt.datetime,
+        abandoned: Callable[[], bool] | None = None,
+        *,
+        limits: TenantLimits | None = None,
     ) -> ExperimentRow:
         n = copy.num_tasks
         try:
             with self._write(abandoned) as conn:
+                self._admit(conn, limits, new_experiment=True, tasks=n)
                 experiment_id = _insert_experiment(
                     conn,
                     name=copy.name,
@@ -299,12 +316,22 @@ class SqlStore(Store):
 
     @_translate_errors
     def tenant_usage(self, tenant: str) -> TenantUsage:
-        query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(t.experiments.c.num_tasks), 0)).where(
-            t.experiments.c.tenant == tenant
-        )
         with self._read() as conn:
-            experiments, tasks = conn.execute(query).one()
-        return TenantUsage(int(experiments), int(tasks))
+            return _tenant_usage(conn, tenant)
+
+    def _admit(self, conn: Connection, limits: TenantLimits | None, *, new_experiment: bool, tasks: int) -> None:
+        """At the start of a write that adds an experiment (`new_experiment`)
+        and `tasks` tasks to `limits.tenant`: take the tenant's lock, held to
+        the commit, and raise OverQuota if the write would take the tenant
+        past `limits` (see the contract's module docstring)."""
+        if limits is None or (limits.max_experiments is None and limits.max_tasks is None):
+            return
+        self._lock_tenant(conn, limits.tenant)
+        usage = _tenant_usage(conn, limits.tenant)
+        if (
+            new_experiment and limits.max_experiments is not None and usage.experiments + 1 > limits.max_experiments
+        ) or (limits.max_tasks is not None and usage.tasks + tasks > limits.max_tasks):
+            raise OverQuota(usage)
 
     @_translate_errors
     def delete_experiment(self, experiment_id: int, abandoned: Callable[[], bool] | None = None) -> bool:
@@ -335,11 +362,14 @@ class SqlStore(Store):
         features: Sequence[dict[str, float]],
         abandoned: Callable[[], bool] | None = None,
         groups: Sequence[str] | None = None,
+        *,
+        limits: TenantLimits | None = None,
     ) -> int:
         total = expected_num_tasks + len(keys)
         groups = groups or [""] * len(keys)
         try:
             with self._write(abandoned) as conn:
+                self._admit(conn, limits, new_experiment=False, tasks=len(keys))
                 updated = conn.execute(
                     t.experiments.update()
                     .where(t.experiments.c.id == experiment_id, t.experiments.c.num_tasks == expected_num_tasks)
@@ -821,6 +851,12 @@ class SqlStore(Store):
         dialect queues or locks writers as the database needs."""
 
     @abc.abstractmethod
+    def _lock_tenant(self, conn: Connection, tenant: str) -> None:
+        """Lock `tenant` until `conn`'s write transaction ends: what
+        serializes the writes that check its limits (_admit), across
+        replicas."""
+
+    @abc.abstractmethod
     def _snapshot(self, conn: Connection) -> None:
         """Make the transaction `conn` begins next see one snapshot in every
         statement."""
@@ -860,6 +896,16 @@ def _insert_experiment(conn: Connection, **values: Any) -> int:
     key = conn.execute(t.experiments.insert().values(**values)).inserted_primary_key
     assert key is not None  # None only for statements that insert no single row
     return int(key[0])
+
+
+_TENANT_USAGE = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(t.experiments.c.num_tasks), 0)).where(
+    t.experiments.c.tenant == sa.bindparam("tenant")
+)
+
+
+def _tenant_usage(conn: Connection, tenant: str) -> TenantUsage:
+    experiments, tasks = conn.execute(_TENANT_USAGE, {"tenant": tenant}).one()
+    return TenantUsage(int(experiments), int(tasks))
 
 
 def _open_batch(experiment_id: int, now: dt.datetime) -> sa.ColumnElement[bool]:

@@ -101,6 +101,9 @@ class SqliteStore(SqlStore):
             raw: Any = conn.connection.driver_connection
             raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
+    def _lock_tenant(self, conn: Connection, tenant: str) -> None:
+        pass  # a write transaction holds the database's single write lock already (BEGIN IMMEDIATE)
+
     def _snapshot(self, conn: Connection) -> None:
         pass  # a read transaction in WAL mode sees one snapshot already
 
