@@ -30,10 +30,10 @@ class Experiments:
     async def create(self, name: str, config: ExperimentConfig) -> Experiment:
         validation.experiment_name(name)
         validation.config(config)
-        await self.quotas.new_experiment(name, 0)
+        claim = await self.quotas.new_experiment(name, 0)
         rt = self.runtime
-        row = await rt.db_write_unless_cancelled(
-            rt.store.create_experiment, name, config.to_dict(), rt.clock(), tenancy.tenant_of(name)
+        row = await self.quotas.write(
+            claim, rt.store.create_experiment, name, config.to_dict(), rt.clock(), tenancy.tenant_of(name)
         )
         audit.experiments.info("experiment created", extra={"experiment": name, "config": config.to_dict()})
         return summary(row, open_batches=0)
@@ -82,7 +82,7 @@ class Experiments:
         rt = self.runtime
         async with rt.locked(source):
             live, _ = await rt.ready(source)
-            await self.quotas.new_experiment(name, live.num_tasks)
+            claim = await self.quotas.new_experiment(name, live.num_tasks)
             fork_config = config or live.config
             state = live.state
             if fork_config.reference_features != live.config.reference_features:
@@ -103,7 +103,7 @@ class Experiments:
                 retired=np.flatnonzero(live.retired).tolist(),  # a broken task stays retired in the fork
                 shares=dict(live.shares),
             )
-            row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
+            row = await self.quotas.write(claim, rt.store.create_copy, copy, rt.clock())
         audit.experiments.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
         return summary(row, open_batches=0)
 
@@ -128,7 +128,7 @@ class Experiments:
                 raise InvalidArgument(f"snapshot arrays differ in length: {len(data.keys)} keys, {len(values)} {what}")
         if data.groups:
             await rt.run(validation.snapshot_groups, data.groups)
-        await self.quotas.new_experiment(data.name, len(data.keys))
+        claim = await self.quotas.new_experiment(data.name, len(data.keys))
         copy = ExperimentCopy(
             name=data.name,
             config=data.config.to_dict(),
@@ -143,7 +143,7 @@ class Experiments:
             retired=[i for i, r in enumerate(data.retired) if r],
             groups=data.groups or None,
         )
-        row = await rt.db_write_unless_cancelled(rt.store.create_copy, copy, rt.clock())
+        row = await self.quotas.write(claim, rt.store.create_copy, copy, rt.clock())
         audit.experiments.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
         return summary(row, open_batches=0)
 

@@ -55,10 +55,10 @@ class Pool:
                         f"experiment {name!r} has {len(live.group_names)} groups and these tasks add "
                         f"{len(new_groups)} more; at most {limits.MAX_GROUPS}"
                     )
-                await self.quotas.more_tasks(name, live.num_tasks, len(keys))
+                claim = await self.quotas.more_tasks(name, live.num_tasks, len(keys))
                 try:
                     add = functools.partial(rt.store.add_tasks, groups=groups)
-                    await rt.db_write_unless_cancelled(add, live.id, live.num_tasks, keys, features)
+                    await self.quotas.write(claim, add, live.id, live.num_tasks, keys, features)
                 except StaleStep:
                     await rt.catch_up(live)
                     continue
