@@ -26,6 +26,21 @@ def test_every_setting_is_documented() -> None:
                 assert flag in ("-h", "--help") or f"`{flag}`" in OPERATIONS, f"{name} {flag}"
 
 
+def test_install_lines_install_from_the_checkout() -> None:
+    # bots-client and bots-server are not on PyPI (yet): `pip install
+    # 'bots-client[torch]'` fails; './clients/python[torch]' works.
+    pages = [REPO / "README.md", REPO / "clients" / "python" / "README.md", *REPO.glob("docs/**/*.md")]
+    pages += REPO.glob("examples/**/*.md")
+    found = []
+    for page in pages:
+        text = " ".join(page.read_text().split())  # an install line may wrap
+        for command in re.findall(r"`pip install [^`]*`", text):
+            assert not re.search(r"\bbots-(client|server)\b", command), f"{page.relative_to(REPO)}: {command}"
+            found.append(command)
+    assert "`pip install './clients/python[torch]'`" in found
+    assert (REPO / "clients" / "python" / "pyproject.toml").exists()
+
+
 def test_every_exported_metric_is_documented(metrics_server: MetricsServer) -> None:
     families = set(re.findall(r"^# TYPE (\S+)", metrics_server.scrape(), flags=re.MULTILINE))
     ours = {f for f in families if f.startswith(("bots_", "grpc_server_"))}
