@@ -137,6 +137,20 @@ SETTINGS = (
         "on their next call (0: no budget)",
     ),
     Setting(
+        "--inflight-budget-mb",
+        "BOTS_INFLIGHT_BUDGET_MB",
+        "768",
+        "memory all calls together may hold at once while they buffer (AddTasks, RestoreExperiment) or stream "
+        "out (Snapshot); a call beyond it waits up to 5 s, then gets RESOURCE_EXHAUSTED (0: no bound)",
+    ),
+    Setting(
+        "--tenant-inflight-budget-mb",
+        "BOTS_TENANT_INFLIGHT_BUDGET_MB",
+        "768",
+        "the same bound for each tenant's calls; below --inflight-budget-mb on a shared server, so that one "
+        "tenant cannot hold all of it (0: no bound)",
+    ),
+    Setting(
         "--audit-log",
         "BOTS_AUDIT_LOG",
         "all",
@@ -198,6 +212,8 @@ class ServerSettings:
     max_stream_tasks: int = 1_000_000
     max_stream_mb: float = 256.0
     memory_budget_mb: float = 1024.0
+    inflight_budget_mb: float = 768.0
+    tenant_inflight_budget_mb: float = 768.0
     audit_log: str = "all"
 
     otlp_endpoint: str = ""
@@ -309,6 +325,8 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             max_stream_tasks=_count(args.max_stream_tasks, "--max-stream-tasks", zero=False),
             max_stream_mb=_amount(args.max_stream_mb, "--max-stream-mb", zero=False),
             memory_budget_mb=_amount(args.memory_budget_mb, "--memory-budget-mb"),
+            inflight_budget_mb=_amount(args.inflight_budget_mb, "--inflight-budget-mb"),
+            tenant_inflight_budget_mb=_amount(args.tenant_inflight_budget_mb, "--tenant-inflight-budget-mb"),
             audit_log=args.audit_log,
             otlp_endpoint=args.otlp_endpoint.strip(),
         )

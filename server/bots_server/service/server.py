@@ -33,6 +33,7 @@ from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.engine import parallel
 from bots_server.metrics import Metrics
 from bots_server.service import handlers, tls
+from bots_server.service.admission import Admission, Budgets
 from bots_server.service.auth import AuthInterceptor
 from bots_server.service.credentials import Credentials, CredentialsFile, static_credentials
 from bots_server.service.interceptors import MetricsInterceptor, RequestIdInterceptor
@@ -153,7 +154,11 @@ class BotsServer:
         self.server = grpc.aio.server(interceptors=interceptors, options=options)
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
         bounds = StreamBounds(max_tasks=settings.max_stream_tasks, max_bytes=int(settings.max_stream_mb * _MB))
-        handlers.register(self.server, TaskSelectorServicer(self.selector, bounds))
+        budgets = Budgets(
+            total_bytes=int(settings.inflight_budget_mb * _MB) or None,
+            tenant_bytes=int(settings.tenant_inflight_budget_mb * _MB) or None,
+        )
+        handlers.register(self.server, TaskSelectorServicer(self.selector, bounds, Admission(budgets)))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),

@@ -22,6 +22,7 @@ from bots_server.core.quotas import DEFAULT_STREAM_BOUNDS, StreamBounds
 from bots_server.core.selector import SelectorService
 from bots_server.errors import InvalidArgument, ResourceExhausted
 from bots_server.service import convert
+from bots_server.service.admission import Admission, Budgets, Charge, snapshot_cost, stream_cost
 from bots_server.service.status import server_streaming, unary
 
 # Snapshot chunks stay well under gRPC's default 4 MB message limit.
@@ -46,31 +47,55 @@ def _shown(experiment: Experiment) -> pb.Experiment:
 
 
 class _StreamBudget:
-    """Counts a request stream's tasks and bytes against its bounds."""
+    """Counts a request stream's tasks and bytes against its bounds, and
+    charges the memory it holds to the call's admission `charge`."""
 
-    def __init__(self, method: str, bounds: StreamBounds) -> None:
-        self.method, self.bounds = method, bounds
+    def __init__(self, method: str, bounds: StreamBounds, charge: Charge) -> None:
+        self.method, self.bounds, self.charge = method, bounds, charge
         self.tasks = self.bytes = 0
 
-    def take(self, message: pb.AddTasksRequest | pb.RestoreExperimentRequest, tasks: int) -> None:
+    def _too_many(self, tasks: int) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"{self.method}: the stream carries more than {self.bounds.max_tasks} tasks (--max-stream-tasks); "
+            "send them in several calls; nothing was written"
+        )
+
+    async def take(self, message: pb.AddTasksRequest | pb.RestoreExperimentRequest, tasks: int) -> None:
+        first = self.tasks == 0 and self.bytes == 0
         self.tasks += tasks
         self.bytes += message.ByteSize()
         if self.tasks > self.bounds.max_tasks:
-            raise ResourceExhausted(
-                f"{self.method}: the stream carries more than {self.bounds.max_tasks} tasks (--max-stream-tasks); "
-                "send them in several calls; nothing was written"
-            )
+            raise self._too_many(self.tasks)
         if self.bytes > self.bounds.max_bytes:
             raise ResourceExhausted(
                 f"{self.method}: the stream carries more than {self.bounds.max_bytes} bytes (--max-stream-mb); "
                 "send them in several calls; nothing was written"
             )
+        if first and message.HasField("total_tasks"):
+            # Reserve the announced stream's memory at once: two large streams
+            # admitted piece by piece could each wait for the other's share.
+            if message.total_tasks > self.bounds.max_tasks:
+                raise self._too_many(message.total_tasks)
+            per_task = self.bytes / max(tasks, 1)
+            await self.charge.at_least(stream_cost(message.total_tasks, int(per_task * message.total_tasks)))
+        await self.charge.at_least(stream_cost(self.tasks, self.bytes))
+
+
+def _caller_tenant() -> str:
+    """Whose budget a call's memory counts against: the caller's tenant."""
+    return tenancy.current.get().tenant
 
 
 class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
-    def __init__(self, core: SelectorService, stream_bounds: StreamBounds = DEFAULT_STREAM_BOUNDS) -> None:
+    def __init__(
+        self,
+        core: SelectorService,
+        stream_bounds: StreamBounds = DEFAULT_STREAM_BOUNDS,
+        admission: Admission | None = None,
+    ) -> None:
         self.core = core
         self.stream_bounds = stream_bounds
+        self.admission = admission if admission is not None else Admission(Budgets())
 
     @unary
     async def CreateExperiment(
@@ -94,43 +119,44 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         alpha: list[float] = []
         beta: list[float] = []
         features: list[dict[str, float]] = []
-        budget = _StreamBudget("RestoreExperiment", self.stream_bounds)
         name = source = ""
         retired: list[bool] = []
         groups: list[str] = []
-        async for chunk in request_iterator:
+        async with self.admission.holding(_caller_tenant(), "RestoreExperiment") as charge:
+            budget = _StreamBudget("RestoreExperiment", self.stream_bounds, charge)
+            async for chunk in request_iterator:
+                if first is None:
+                    first = chunk
+                    if not chunk.name:
+                        raise InvalidArgument("RestoreExperiment: the first message must name the new experiment")
+                    name = _name(chunk.name)
+                    # The snapshot's provenance is the caller's word: it must name
+                    # an experiment (of any server) in a tenant the caller may use.
+                    source = _name(chunk.source, "restore source") if chunk.source else ""
+                await budget.take(chunk, len(chunk.keys))
+                keys.extend(chunk.keys)
+                alpha.extend(chunk.alpha)
+                beta.extend(chunk.beta)
+                features.extend(dict(f.values) for f in chunk.features)
+                retired.extend(chunk.retired)
+                groups.extend(chunk.groups)
             if first is None:
-                first = chunk
-                if not chunk.name:
-                    raise InvalidArgument("RestoreExperiment: the first message must name the new experiment")
-                name = _name(chunk.name)
-                # The snapshot's provenance is the caller's word: it must name
-                # an experiment (of any server) in a tenant the caller may use.
-                source = _name(chunk.source, "restore source") if chunk.source else ""
-            budget.take(chunk, len(chunk.keys))
-            keys.extend(chunk.keys)
-            alpha.extend(chunk.alpha)
-            beta.extend(chunk.beta)
-            features.extend(dict(f.values) for f in chunk.features)
-            retired.extend(chunk.retired)
-            groups.extend(chunk.groups)
-        if first is None:
-            raise InvalidArgument("RestoreExperiment: empty stream")
-        _check_complete("RestoreExperiment", first, len(keys))
-        data = RestoreData(
-            name=name,
-            config=convert.config_from_proto(first.config),
-            step=first.step,
-            capability=first.capability if first.HasField("capability") else None,
-            source=source,
-            keys=keys,
-            alpha=alpha,
-            beta=beta,
-            features=features,
-            retired=retired,
-            groups=groups,
-        )
-        return _shown(await self.core.experiments.restore(data))
+                raise InvalidArgument("RestoreExperiment: empty stream")
+            _check_complete("RestoreExperiment", first, len(keys))
+            data = RestoreData(
+                name=name,
+                config=convert.config_from_proto(first.config),
+                step=first.step,
+                capability=first.capability if first.HasField("capability") else None,
+                source=source,
+                keys=keys,
+                alpha=alpha,
+                beta=beta,
+                features=features,
+                retired=retired,
+                groups=groups,
+            )
+            return _shown(await self.core.experiments.restore(data))
 
     @unary
     async def GetExperiment(self, request: pb.GetExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
@@ -159,27 +185,28 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
     ) -> pb.AddTasksResponse:
         first: pb.AddTasksRequest | None = None
         tasks = []
-        budget = _StreamBudget("AddTasks", self.stream_bounds)
         name = ""
-        async for chunk in request_iterator:
+        async with self.admission.holding(_caller_tenant(), "AddTasks") as charge:
+            budget = _StreamBudget("AddTasks", self.stream_bounds, charge)
+            async for chunk in request_iterator:
+                if first is None:
+                    first = chunk
+                    if not chunk.experiment:
+                        raise InvalidArgument("AddTasks: the first message must name the experiment")
+                    name = _name(chunk.experiment)
+                    # NOT_FOUND now, not after buffering a stream of a million tasks.
+                    await self.core.experiments.get(name)
+                elif chunk.experiment and chunk.experiment != first.experiment:
+                    raise InvalidArgument(
+                        f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
+                    )
+                await budget.take(chunk, len(chunk.tasks))
+                tasks.extend(convert.tasks_from_proto(chunk.tasks))
             if first is None:
-                first = chunk
-                if not chunk.experiment:
-                    raise InvalidArgument("AddTasks: the first message must name the experiment")
-                name = _name(chunk.experiment)
-                # NOT_FOUND now, not after buffering a stream of a million tasks.
-                await self.core.experiments.get(name)
-            elif chunk.experiment and chunk.experiment != first.experiment:
-                raise InvalidArgument(
-                    f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
-                )
-            budget.take(chunk, len(chunk.tasks))
-            tasks.extend(convert.tasks_from_proto(chunk.tasks))
-        if first is None:
-            raise InvalidArgument("AddTasks: empty stream")
-        _check_complete("AddTasks", first, len(tasks))
-        added, total = await self.core.pool.add_tasks(name, tasks)
-        return pb.AddTasksResponse(added=added, num_tasks=total)
+                raise InvalidArgument("AddTasks: empty stream")
+            _check_complete("AddTasks", first, len(tasks))
+            added, total = await self.core.pool.add_tasks(name, tasks)
+            return pb.AddTasksResponse(added=added, num_tasks=total)
 
     @unary
     async def SelectBatch(self, request: pb.SelectBatchRequest, context: grpc.aio.ServicerContext) -> pb.Batch:
@@ -233,19 +260,23 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
     async def Snapshot(
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SnapshotChunk]:
-        snap = await self.core.experiments.snapshot(_name(request.experiment), request.include_features)
-        chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment))
-        start, size = 0, 0
-        for i, key in enumerate(snap.keys):
-            size += len(key.encode()) + _PER_TASK_OVERHEAD
-            if snap.features is not None:
-                size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
-            if snap.groups is not None:
-                size += len(snap.groups[i].encode()) + 2
-            if size >= SNAPSHOT_CHUNK_BYTES:
-                yield _fill(chunk, snap, start, i + 1)
-                chunk, start, size = pb.SnapshotChunk(), i + 1, 0
-        yield _fill(chunk, snap, start, len(snap.keys))
+        name = _name(request.experiment)
+        num_tasks = (await self.core.experiments.get(name)).num_tasks
+        async with self.admission.holding(_caller_tenant(), "Snapshot") as charge:
+            await charge.at_least(snapshot_cost(num_tasks, request.include_features))
+            snap = await self.core.experiments.snapshot(name, request.include_features)
+            chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment))
+            start, size = 0, 0
+            for i, key in enumerate(snap.keys):
+                size += len(key.encode()) + _PER_TASK_OVERHEAD
+                if snap.features is not None:
+                    size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
+                if snap.groups is not None:
+                    size += len(snap.groups[i].encode()) + 2
+                if size >= SNAPSHOT_CHUNK_BYTES:
+                    yield _fill(chunk, snap, start, i + 1)
+                    chunk, start, size = pb.SnapshotChunk(), i + 1, 0
+            yield _fill(chunk, snap, start, len(snap.keys))
 
 
 def _check_complete(method: str, first: pb.AddTasksRequest | pb.RestoreExperimentRequest, received: int) -> None:

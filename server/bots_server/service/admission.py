@@ -1,0 +1,124 @@
+"""Admission control: a bound on the memory that calls hold at once.
+
+AddTasks and RestoreExperiment hold their whole stream before they write it
+(all or nothing), and Snapshot holds the experiment's copy while it streams
+it out. Each call is charged an estimate of what it holds; the charges of
+all calls in flight stay under a server-wide budget and, per tenant, under
+a tenant budget, so no caller (nor any number of them) can push the process
+past its memory limit and take every tenant's calls down with it.
+
+A call that does not fit waits up to `wait_s` for others to finish, then
+gets RESOURCE_EXHAUSTED with a retry hint; nothing was written. A call
+whose charge alone exceeds a budget is refused at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from bots_server.errors import ResourceExhausted
+
+# Peak resident bytes per task while AddTasks holds and writes a stream:
+# 667-807 B/task measured with 12-character keys and two features
+# (bench/memory.py; docs/operations/ memory section), so 700 per task plus
+# the stream's own bytes.
+BYTES_PER_STREAMED_TASK = 700
+# A snapshot's copy while it streams out: the posterior, retired flags and
+# the keys as Python strings (about 100 B/task), and with features their
+# dicts (about 400 B/task more; measured with tracemalloc on 100k tasks).
+BYTES_PER_SNAPSHOT_TASK = 100
+BYTES_PER_SNAPSHOT_FEATURES = 400
+_MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """None: no bound."""
+
+    total_bytes: int | None = None
+    tenant_bytes: int | None = None
+    wait_s: float = 5.0
+
+
+def _mb(n: int) -> str:
+    return f"{n / _MB:.0f} MB"
+
+
+class Admission:
+    def __init__(self, budgets: Budgets) -> None:
+        self.budgets = budgets
+        self.held_total = 0
+        self.held: defaultdict[str, int] = defaultdict(int)
+        self._changed = asyncio.Condition()
+
+    def _fits(self, tenant: str, n: int) -> bool:
+        b = self.budgets
+        total_ok = b.total_bytes is None or self.held_total + n <= b.total_bytes
+        tenant_ok = b.tenant_bytes is None or self.held[tenant] + n <= b.tenant_bytes
+        return total_ok and tenant_ok
+
+    async def acquire(self, tenant: str, n: int, method: str) -> None:
+        b = self.budgets
+        for limit, what, flag in ((b.total_bytes, "the server", "--inflight-budget-mb"),
+                                  (b.tenant_bytes, f"tenant {tenant!r}", "--tenant-inflight-budget-mb")):  # fmt: skip
+            if limit is not None and n > limit:
+                raise ResourceExhausted(
+                    f"{method}: this call needs about {_mb(n)} of server memory, more than {what} may hold at once "
+                    f"({flag} = {_mb(limit)}); send the tasks in several smaller calls; nothing was written"
+                )
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self._fits(tenant, n)), self.budgets.wait_s)
+            except TimeoutError:
+                raise ResourceExhausted(
+                    f"{method}: the server is holding {_mb(self.held_total)} for calls in flight "
+                    f"({_mb(self.held[tenant])} of them tenant {tenant!r}'s) and this call needs about {_mb(n)} "
+                    f"more (--inflight-budget-mb, --tenant-inflight-budget-mb); retry in a few seconds; "
+                    "nothing was written"
+                ) from None
+            self.held_total += n
+            self.held[tenant] += n
+
+    async def release(self, tenant: str, n: int) -> None:
+        if n <= 0:
+            return
+        async with self._changed:
+            self.held_total -= n
+            self.held[tenant] -= n
+            if self.held[tenant] == 0:
+                del self.held[tenant]
+            self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def holding(self, tenant: str, method: str) -> AsyncIterator[Charge]:
+        """A charge that grows as the call takes memory, released when it ends."""
+        charge = Charge(self, tenant, method)
+        try:
+            yield charge
+        finally:
+            await self.release(tenant, charge.bytes)
+
+
+class Charge:
+    def __init__(self, admission: Admission, tenant: str, method: str) -> None:
+        self.admission, self.tenant, self.method = admission, tenant, method
+        self.bytes = 0
+
+    async def at_least(self, n: int) -> None:
+        """Hold `n` bytes in all (no-op when this call holds that much already)."""
+        more = n - self.bytes
+        if more > 0:
+            await self.admission.acquire(self.tenant, more, self.method)
+            self.bytes = n
+
+
+def stream_cost(tasks: int, stream_bytes: int) -> int:
+    return tasks * BYTES_PER_STREAMED_TASK + stream_bytes
+
+
+def snapshot_cost(tasks: int, include_features: bool) -> int:
+    return tasks * (BYTES_PER_SNAPSHOT_TASK + (BYTES_PER_SNAPSHOT_FEATURES if include_features else 0))

@@ -1,0 +1,172 @@
+"""Admission control against real server processes (SQLite and PostgreSQL):
+the memory that buffering and streaming calls hold at once stays under
+--inflight-budget-mb, per tenant under --tenant-inflight-budget-mb; a call
+beyond it waits, then gets RESOURCE_EXHAUSTED with a retry hint and
+changes nothing; another tenant's calls still go through."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bots_client.proto import bots_pb2 as pb
+from bots_client.proto import bots_pb2_grpc as pb_grpc
+from tests.service.test_tenants import credentials_file, token
+from tests.support.servers import ServerProcess
+
+PRINCIPALS = {"a-writer": ("team-a", "writer"), "b-writer": ("team-b", "writer")}
+TASKS = 40_000  # charged about 29 MB each (700 bytes a task + the stream's bytes)
+CHUNK = 4_000
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def budget_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("admission")
+    url = f"sqlite:///{tmp / 'admission.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    creds = credentials_file(tmp / "credentials.toml", PRINCIPALS)
+    server = ServerProcess(
+        url,
+        extra_args=["--credentials-file", str(creds), "--inflight-budget-mb", "80", "--tenant-inflight-budget-mb", "40"],
+    ).start()
+    yield server
+    server.stop()
+
+
+def metadata(principal: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token(principal)}"),)
+
+
+def chunks(experiment: str, tag: str, pause: float = 0.0, gate: threading.Event | None = None) -> Iterator[pb.AddTasksRequest]:
+    """An upload of TASKS tasks that announces its size; `pause` between
+    messages keeps it in flight, `gate` holds its last message back."""
+    for start in range(0, TASKS, CHUNK):
+        request = pb.AddTasksRequest(tasks=[pb.Task(key=f"{tag}-{i:06d}") for i in range(start, start + CHUNK)])
+        if start == 0:
+            request.experiment, request.total_tasks = experiment, TASKS
+        if start + CHUNK >= TASKS and gate is not None:
+            gate.wait(60)
+        yield request
+        time.sleep(pause)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_tenant_over_its_budget_waits_then_is_refused_and_others_go_on(budget_server: ServerProcess) -> None:
+    tag = uuid.uuid4().hex[:8]
+    with grpc.insecure_channel(budget_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        for who in ("a-writer", "b-writer"):
+            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"up-{tag}"), metadata=metadata(who), timeout=20)
+        gate = threading.Event()
+        with ThreadPoolExecutor(2) as pool:
+            # Team A's first upload holds about 29 of its 40 MB until the gate opens.
+            held = pool.submit(stub.AddTasks, chunks(f"up-{tag}", "a1", gate=gate), metadata=metadata("a-writer"), timeout=60)
+            time.sleep(1.0)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.AddTasks(chunks(f"up-{tag}", "a2"), metadata=metadata("a-writer"), timeout=60)
+            waited = time.monotonic() - started
+            # Team B has a budget of its own, and the server's (80 MB) has room.
+            other = stub.AddTasks(chunks(f"up-{tag}", "b1"), metadata=metadata("b-writer"), timeout=60)
+            gate.set()
+            assert held.result().added == TASKS
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "tenant 'team-a'" in refused.value.details() and "retry in a few seconds" in refused.value.details()
+        assert 4.0 < waited < 30.0  # it waited for room (5 s) before it gave up
+        assert other.added == TASKS
+        got = stub.GetExperiment(pb.GetExperimentRequest(name=f"up-{tag}"), metadata=metadata("a-writer"), timeout=20)
+        assert got.num_tasks == TASKS  # the refused upload left nothing
+        # Room again: the same upload now goes through.
+        again = stub.AddTasks(chunks(f"up-{tag}", "a2"), metadata=metadata("a-writer"), timeout=60)
+        assert again.num_tasks == 2 * TASKS
+
+
+def test_a_snapshot_counts_against_the_same_budget(budget_server: ServerProcess) -> None:
+    tag = uuid.uuid4().hex[:8]
+    with grpc.insecure_channel(budget_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        stub.CreateExperiment(pb.CreateExperimentRequest(name=f"snap-{tag}"), metadata=metadata("a-writer"), timeout=20)
+        stub.AddTasks(chunks(f"snap-{tag}", "s"), metadata=metadata("a-writer"), timeout=60)
+        request = pb.SnapshotRequest(experiment=f"snap-{tag}", include_features=True)  # about 20 MB
+        gate = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(stub.AddTasks, chunks(f"snap-{tag}", "h", gate=gate), metadata=metadata("a-writer"), timeout=60)
+            time.sleep(1.0)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.Snapshot(request, metadata=metadata("a-writer"), timeout=60))
+            gate.set()
+            held.result()
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Snapshot:" in refused.value.details()
+        keys = [k for chunk in stub.Snapshot(request, metadata=metadata("a-writer"), timeout=60) for k in chunk.keys]
+        assert len(keys) == 2 * TASKS
+
+
+def test_a_call_larger_than_the_budget_is_refused_at_once(budget_server: ServerProcess) -> None:
+    tag = uuid.uuid4().hex[:8]
+    with grpc.insecure_channel(budget_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        stub.CreateExperiment(pb.CreateExperimentRequest(name=f"big-{tag}"), metadata=metadata("a-writer"), timeout=20)
+        first = pb.AddTasksRequest(experiment=f"big-{tag}", total_tasks=100_000, tasks=[pb.Task(key="k0")])
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.AddTasks(iter([first]), metadata=metadata("a-writer"), timeout=60)
+        assert time.monotonic() - started < 3.0
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--tenant-inflight-budget-mb = 40 MB" in refused.value.details()
+        assert "several smaller calls" in refused.value.details()
+
+
+def test_a_flood_of_uploads_keeps_the_server_within_its_budget(budget_server: ServerProcess) -> None:
+    """Sixteen slow uploads of both tenants at once: without admission the
+    server's resident memory grew by about 160 MB (SQLite); with it, by at
+    most its budget (80 MB) plus a margin of 40 MB for gRPC's buffers and
+    the database, and the uploads beyond the budget are refused."""
+    tag = uuid.uuid4().hex[:8]
+    assert budget_server.proc is not None
+    pid = budget_server.proc.pid
+    with grpc.insecure_channel(budget_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        for who in ("a-writer", "b-writer"):
+            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"flood-{tag}"), metadata=metadata(who), timeout=20)
+        before = rss_bytes(pid)
+        peak = before
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, rss_bytes(pid))
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+
+        def upload(i: int) -> grpc.StatusCode:
+            who = "a-writer" if i % 2 else "b-writer"
+            try:
+                stub.AddTasks(chunks(f"flood-{tag}", f"f{i}", pause=0.3), metadata=metadata(who), timeout=120)
+            except grpc.RpcError as e:
+                return e.code()
+            return grpc.StatusCode.OK
+
+        try:
+            with ThreadPoolExecutor(16) as pool:
+                codes = list(pool.map(upload, range(16)))
+        finally:
+            done.set()
+            watcher.join()
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert codes.count(grpc.StatusCode.OK) >= 4 and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+    assert peak - before < (80 + 40) * 1024 * 1024, (before, peak, codes)
