@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from bots_server.core.observer import BatchSignals, PosteriorView, SelectorObserver
 from bots_server.engine.summary import MEAN_QUANTILES, SHARE_BANDS, TARGET_BAND
+from bots_server.metric_labels import OpaqueLabels
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +397,7 @@ class Metrics:
     """All of the server's metrics on one registry (not the global one, so
     several servers in one process, as in tests, do not collide)."""
 
-    def __init__(self, version: str = "") -> None:
+    def __init__(self, version: str = "", opaque_labels: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         prometheus_client.ProcessCollector(registry=self.registry)
         prometheus_client.PlatformCollector(registry=self.registry)
@@ -405,7 +406,8 @@ class Metrics:
             {"version": version, "python": platform.python_version()}
         )
         self.rpc = RpcMetrics(self.registry)
-        self.observer = ExperimentMetrics(self.registry)
+        experiments = ExperimentMetrics(self.registry)
+        self.observer: SelectorObserver = OpaqueLabels(experiments) if opaque_labels else experiments
         self.database_errors = Counter(
             "bots_database_errors_total",
             "Database errors by kind (unavailable, timeout, connection_lost, integrity, other).",

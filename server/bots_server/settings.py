@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from bots_server import logs
+from bots_server.metric_labels import LABEL_MODES
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ SETTINGS = (
         "1000",
         "at start, publish step and pool-size gauges of up to this many experiments of the store (by name) "
         "before any is loaded; 0: only experiments this replica touches",
+    ),
+    Setting(
+        "--metrics-labels",
+        "BOTS_METRICS_LABELS",
+        "auto",
+        "how metrics label experiments and groups: names, or opaque (tenant/<sha256 prefix of the name>) so the "
+        "unauthenticated metrics port shows no tenant's names; auto: opaque with a credentials file, else names",
     ),
     Setting("--checkpoint-every-steps", "BOTS_CHECKPOINT_EVERY_STEPS", "100", "write a checkpoint every N steps"),
     Setting("--checkpoint-every-seconds", "BOTS_CHECKPOINT_EVERY_SECONDS", "60", "and at least every T seconds"),
@@ -189,6 +197,7 @@ class ServerSettings:
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9464"
     metrics_max_experiments: int = 1000
+    metrics_labels: str = "auto"
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 60.0
     event_retention_steps: int = 10_000
@@ -291,6 +300,10 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--tls-client-ca (BOTS_TLS_CLIENT_CA) needs --tls-cert and --tls-key")
     if args.audit_log not in logs.AUDIT_LEVELS:
         raise SystemExit(f"--audit-log / BOTS_AUDIT_LOG = {args.audit_log!r}: expected one of {', '.join(logs.AUDIT_LEVELS)}")
+    if args.metrics_labels not in LABEL_MODES:
+        raise SystemExit(
+            f"--metrics-labels / BOTS_METRICS_LABELS = {args.metrics_labels!r}: expected one of {', '.join(LABEL_MODES)}"
+        )
     if args.health_listen.strip():
         split_host_port(args.health_listen.strip(), "--health-listen / BOTS_HEALTH_LISTEN")
     metrics_listen = args.metrics_listen.strip()
@@ -302,6 +315,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             listen=args.listen,
             metrics_listen=metrics_listen,
             metrics_max_experiments=int(args.metrics_max_experiments),
+            metrics_labels=args.metrics_labels,
             checkpoint_every_steps=int(args.checkpoint_every_steps),
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
             event_retention_steps=_count(args.event_retention_steps, "--event-retention-steps"),

@@ -9,8 +9,10 @@ tenant's) x (reader, writer, admin) answers as docs/security.md says.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -256,6 +258,40 @@ def test_lineage_is_shown_like_any_name_and_withheld_across_tenants(callers: Cal
     assert code == OK and restored.forked_from == f"dst-{tag}"  # type: ignore[attr-defined]
     code, seen = admin.call("GetExperiment", pb.GetExperimentRequest(name=f"team-b/r-{tag}"))
     assert code == OK and seen.forked_from == f"team-b/dst-{tag}"  # type: ignore[attr-defined]
+
+
+def test_metrics_show_no_tenant_names(tenant_server: ServerProcess, callers: Callable[[str], Caller]) -> None:
+    """With a credentials file the unauthenticated metrics port labels an
+    experiment tenant/<12 hex digits of the SHA-256 of its stored name> and
+    a group g-<10 hex digits>: series per experiment, no names."""
+    writer = callers("b-writer")
+    name, group = f"secret-run-{uuid.uuid4().hex[:8]}", f"secret-group-{uuid.uuid4().hex[:8]}"
+    assert writer.call("CreateExperiment", pb.CreateExperimentRequest(name=name))[0] == OK
+    tasks = [pb.Task(key=f"k{i}", group=group) for i in range(4)]
+    assert writer.call("AddTasks", pb.AddTasksRequest(experiment=name, tasks=tasks))[0] == OK
+    code, batch = writer.call("SelectBatch", pb.SelectBatchRequest(experiment=name, batch_size=2))
+    assert code == OK
+    label = f"team-b/{hashlib.sha256(f'team-b/{name}'.encode()).hexdigest()[:12]}"
+    with urllib.request.urlopen(f"http://127.0.0.1:{tenant_server.metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert f'bots_batches_selected_total{{experiment="{label}"}} 1.0' in text
+    assert f'group="g-{hashlib.sha256(group.encode()).hexdigest()[:10]}"' in text
+    assert name not in text and group not in text and "secret-" not in text
+
+
+def test_metrics_labels_setting() -> None:
+    import argparse
+
+    from bots_server import settings
+    from bots_server.metric_labels import opaque
+
+    assert opaque("auto", tenants=True) and not opaque("auto", tenants=False)
+    assert opaque("opaque", tenants=False) and not opaque("names", tenants=True)
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    assert settings.from_args(parser.parse_args(["--metrics-labels", "names"])).metrics_labels == "names"
+    with pytest.raises(SystemExit, match="--metrics-labels / BOTS_METRICS_LABELS = 'hashed': expected one of auto, names"):
+        settings.from_args(parser.parse_args(["--metrics-labels", "hashed"]))
 
 
 def test_unknown_and_missing_credentials_are_unauthenticated(tenant_server: ServerProcess) -> None:

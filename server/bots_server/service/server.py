@@ -27,7 +27,7 @@ from grpc_reflection.v1alpha import reflection
 
 import bots_server
 from bots_client.proto import bots_pb2
-from bots_server import tracing
+from bots_server import metric_labels, tracing
 from bots_server.core.quotas import Quotas, StreamBounds
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.engine import parallel
@@ -122,7 +122,10 @@ class BotsServer:
         # address and the cores with the others; any other server has both alone.
         siblings = int(os.environ.get(SUPERVISED_ENV, "0") or 0)
         parallel.use_cores(max(1, usable_cores() // siblings) if siblings else usable_cores())
-        self.metrics = Metrics(version=bots_server.__version__)
+        self.metrics = Metrics(
+            version=bots_server.__version__,
+            opaque_labels=metric_labels.opaque(settings.metrics_labels, tenants=bool(settings.credentials_file)),
+        )
         self.credentials_file, credentials = _credentials(settings)
         self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)
         default_quotas = _default_quotas(settings)
