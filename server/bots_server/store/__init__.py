@@ -46,7 +46,7 @@ def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], N
     life; opening a second exclusive store on the file (another server)
     raises DatabaseInUse. PostgreSQL serves any number of replicas and
     ignores it. `on_error(kind)` is called for every database error a method
-    raises (kinds: see sql.error_kind); the server counts them in a metric.
+    raises (kinds: see sql_base.error_kind); the server counts them in a metric.
     Raises UnsupportedDatabase for any other scheme or driver.
     """
     try:

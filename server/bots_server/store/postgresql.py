@@ -14,8 +14,17 @@ from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, Engine
 
 from bots_server.store import schema as t
-from bots_server.store import sql
 from bots_server.store.sql import SqlStore
+from bots_server.store.sql_statements import (
+    ADVANCE_STEP,
+    ADVANCE_STEP_SAME_POOL,
+    BATCH_TASKS_VALUES,
+    BATCH_VALUES,
+    MARK_REPORTED,
+    OUTCOMES_VALUES,
+    SELECT_CHECKS,
+    STEP_VALUES,
+)
 
 # pg_advisory_lock key ("bots" in ASCII): serializes schema upgrades, so that
 # replicas starting together (or migrate init containers) do not race on DDL.
@@ -162,31 +171,31 @@ def _report(advance: sa.Update) -> sa.Select[Any]:
     """SqlStore._write_report's statements as one: (advanced, marked); the
     step's rows are inserted only if the step advanced and the batch was marked."""
     advanced = advance.returning(t.experiments.c.id).cte("advanced")
-    marked = sql.MARK_REPORTED.where(sa.exists(advanced.select())).returning(t.batches.c.batch_id).cte("marked")
+    marked = MARK_REPORTED.where(sa.exists(advanced.select())).returning(t.batches.c.batch_id).cte("marked")
     is_marked = sa.exists(marked.select())
     return sa.select(
         sa.select(sa.func.count()).select_from(advanced).scalar_subquery().label("advanced"),
         sa.select(sa.func.count()).select_from(marked).scalar_subquery().label("marked"),
     ).add_cte(
-        _insert_where(t.steps, sql.STEP_VALUES, is_marked).cte("step"),
-        _insert_where(t.step_outcomes, sql.OUTCOMES_VALUES, is_marked).cte("outcomes"),
+        _insert_where(t.steps, STEP_VALUES, is_marked).cte("step"),
+        _insert_where(t.step_outcomes, OUTCOMES_VALUES, is_marked).cte("outcomes"),
     )
 
 
-_REPORT = _report(sql.ADVANCE_STEP)
-_REPORT_SAME_POOL = _report(sql.ADVANCE_STEP_SAME_POOL)
+_REPORT = _report(ADVANCE_STEP)
+_REPORT_SAME_POOL = _report(ADVANCE_STEP_SAME_POOL)
 
 
 def _check_and_insert_batch() -> sa.Select[Any]:
     """SqlStore._check_and_insert_batch's checks, with the batch inserted if
     its request key has none yet."""
-    checks = sql.SELECT_CHECKS.cte("checks")
+    checks = SELECT_CHECKS.cte("checks")
     no_batch_yet = sa.exists(sa.select(checks.c.existing).where(checks.c.existing.is_(None)))
-    inserted = _insert_where(t.batches, sql.BATCH_VALUES, no_batch_yet).returning(t.batches.c.batch_id).cte("inserted")
+    inserted = _insert_where(t.batches, BATCH_VALUES, no_batch_yet).returning(t.batches.c.batch_id).cte("inserted")
     return (
         sa.select(checks)
         .add_cte(inserted)
-        .add_cte(_insert_where(t.batch_task_lists, sql.BATCH_TASKS_VALUES, sa.exists(inserted.select())).cte("tasks"))
+        .add_cte(_insert_where(t.batch_task_lists, BATCH_TASKS_VALUES, sa.exists(inserted.select())).cte("tasks"))
     )
 
 
