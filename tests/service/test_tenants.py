@@ -269,8 +269,7 @@ def test_metrics_show_no_tenant_names(tenant_server: ServerProcess, callers: Cal
     assert writer.call("CreateExperiment", pb.CreateExperimentRequest(name=name))[0] == OK
     tasks = [pb.Task(key=f"k{i}", group=group) for i in range(4)]
     assert writer.call("AddTasks", pb.AddTasksRequest(experiment=name, tasks=tasks))[0] == OK
-    code, batch = writer.call("SelectBatch", pb.SelectBatchRequest(experiment=name, batch_size=2))
-    assert code == OK
+    assert writer.call("SelectBatch", pb.SelectBatchRequest(experiment=name, batch_size=2))[0] == OK
     label = f"team-b/{hashlib.sha256(f'team-b/{name}'.encode()).hexdigest()[:12]}"
     with urllib.request.urlopen(f"http://127.0.0.1:{tenant_server.metrics_port}/metrics", timeout=10) as response:
         text = response.read().decode()
