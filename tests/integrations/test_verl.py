@@ -741,15 +741,29 @@ def test_real_verl_two_data_files_keyed_by_data_source_and_index(
 N_ROLLOUTS = 3
 
 
+_ACTORS: dict[int, Any] = {}
+
+
+def _actor_handle(key: int) -> RayHandle:
+    return RayHandle(_ACTORS[key])
+
+
 class RayHandle:
     """A Ray actor handle's calling convention over a local object:
-    `handle.method.remote(...)` is awaitable, and arguments and results are
-    copied (pickled) as Ray copies them between processes."""
+    `handle.method.remote(...)` is awaitable; arguments and results are
+    copied (pickled) as Ray copies them between processes, and a handle
+    copies as a handle (to the same actor)."""
 
     def __init__(self, obj: Any) -> None:
         self._obj = obj
+        _ACTORS[id(obj)] = obj
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return _actor_handle, (id(self._obj),)
 
     def __getattr__(self, name: str) -> SimpleNamespace:
+        if name.startswith("__"):
+            raise AttributeError(name)
         method = getattr(self._obj, name)
 
         async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import os
 import pickle
 from collections.abc import Iterator
@@ -43,7 +42,7 @@ from bots_client.integrations.verl_dataset import (
     trajectory_sessions,
 )
 from tests.integrations.conftest import EXACT, counts, need
-from tests.integrations.test_verl import tiny_tokenizer_dir
+from tests.integrations.test_verl import RayHandle, tiny_tokenizer_dir
 
 N_TASKS = 12
 N_ROLLOUTS = 3
@@ -233,41 +232,6 @@ class Frame:
 
 
 # -- verl 0.9.1 itself: the v1 sync trainer's fit loop --------------------------------
-
-
-_ACTORS: dict[int, Any] = {}
-
-
-def _actor_handle(key: int) -> RayHandle:
-    return RayHandle(_ACTORS[key])
-
-
-class RayHandle:
-    """A Ray actor handle's calling convention over a local object:
-    `handle.method.remote(...)` is awaitable; arguments and results are
-    copied (pickled) as Ray copies them between processes, and a handle
-    copies as a handle (to the same actor)."""
-
-    def __init__(self, obj: Any) -> None:
-        self._obj = obj
-        _ACTORS[id(obj)] = obj
-
-    def __reduce__(self) -> tuple[Any, tuple[int]]:
-        return _actor_handle, (id(self._obj),)
-
-    def __getattr__(self, name: str) -> SimpleNamespace:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        method = getattr(self._obj, name)
-
-        async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
-            result = method(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            return pickle.loads(pickle.dumps(result))
-
-        return SimpleNamespace(remote=lambda *args, **kwargs: asyncio.ensure_future(call(args, kwargs)))
 
 
 class RolloutServer:

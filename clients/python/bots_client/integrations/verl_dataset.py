@@ -70,7 +70,7 @@ from bots_client.integrations._core import (
     config_flag,
     lazy_class,
 )
-from bots_client.integrations.verl import batch_rewards
+from bots_client.integrations.verl import _dig, _plain, batch_rewards, key_fields
 from bots_client.types import ExperimentConfig
 
 __all__ = [
@@ -280,23 +280,6 @@ class DatasetBatches:
         self._last_item = None
 
 
-def _dig(value: Any, parts: Sequence[str]) -> Any:
-    for part in parts:
-        if value is None:
-            return None
-        value = value.get(part) if hasattr(value, "get") else value[part]
-    return value
-
-
-def key_fields(key_field: Any) -> list[str]:
-    """`key_field` as a list of field paths (one, or several whose values
-    are joined with ":")."""
-    fields = [key_field] if isinstance(key_field, str) else [str(f) for f in key_field]
-    if not fields or not all(fields):
-        raise ValueError(f"data.bots.key_field must name at least one field, got {key_field!r}")
-    return fields
-
-
 def frame_column(frame: Any, path: str) -> list[Any]:
     """`path` of every row of a HF dataset (verl's `RLHFDataset.dataframe`):
     a top-level column (dotted paths dig into it), else a field of
@@ -363,15 +346,6 @@ def trajectory_sessions(keys: Sequence[str]) -> list[int]:
         if session not in last or index >= last[session][0]:
             last[session] = (index, position)
     return sorted(position for _, position in last.values())
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers (or any mapping) -> plain dicts and lists."""
-    if hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
-        return [_plain(v) for v in value]
-    return value
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:
