@@ -134,21 +134,30 @@ def test_add_tasks_rejects_bad_tasks_atomically(client: bots_client.Client, stub
     assert state(client, exp) == before
 
 
-def test_add_tasks_to_a_missing_experiment_answers_at_the_first_message(server: ServerProcess) -> None:
+@pytest.mark.parametrize("rpc", ["AddTasks", "RestoreExperiment"])
+def test_a_stream_to_a_wrong_name_is_answered_at_its_first_message(server: ServerProcess, rpc: str) -> None:
     """A real server (the in-process stand-in reads whole streams) answers
-    NOT_FOUND after the first message, not after buffering the stream."""
+    NOT_FOUND (AddTasks to a missing experiment) or ALREADY_EXISTS (a
+    restore onto a taken name) after the first message, not after
+    buffering the stream."""
+    taken = f"taken-{uuid.uuid4().hex[:8]}"
     more = threading.Event()
 
-    def chunks() -> Iterator[pb.AddTasksRequest]:
-        yield pb.AddTasksRequest(experiment=f"ghost-{uuid.uuid4().hex[:8]}", tasks=[pb.Task(key="t0")])
+    def chunks() -> Iterator[object]:
+        if rpc == "AddTasks":
+            yield pb.AddTasksRequest(experiment=f"ghost-{uuid.uuid4().hex[:8]}", tasks=[pb.Task(key="t0")])
+        else:
+            yield pb.RestoreExperimentRequest(name=taken, keys=["t0"], alpha=[1.0], beta=[1.0], features=[pb.Features()])
         more.wait(30)  # a stream still uploading
-        yield pb.AddTasksRequest(tasks=[pb.Task(key="t1")])
+        yield pb.AddTasksRequest(tasks=[pb.Task(key="t1")]) if rpc == "AddTasks" else pb.RestoreExperimentRequest(keys=["t1"])
 
     started = time.monotonic()
     with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        stub.CreateExperiment(pb.CreateExperimentRequest(name=taken), timeout=20)
+        code, fragment = (Code.NOT_FOUND, "not found") if rpc == "AddTasks" else (Code.ALREADY_EXISTS, "already exists")
         try:
-            call = pb_grpc.TaskSelectorStub(channel).AddTasks
-            expect_rpc(Code.NOT_FOUND, "not found", lambda: call(chunks(), timeout=60))
+            expect_rpc(code, fragment, lambda: getattr(stub, rpc)(chunks(), timeout=60))
         finally:
             more.set()
     assert time.monotonic() - started < 10

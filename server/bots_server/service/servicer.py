@@ -20,7 +20,7 @@ from bots_server.core.domain import Experiment, RestoreData, Snapshot
 from bots_server.core.limits import shown
 from bots_server.core.quotas import DEFAULT_STREAM_BOUNDS, StreamBounds
 from bots_server.core.selector import SelectorService
-from bots_server.errors import InvalidArgument, ResourceExhausted
+from bots_server.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from bots_server.service import convert
 from bots_server.service.admission import Admission, Budgets, Charge, snapshot_cost, stream_cost
 from bots_server.service.status import server_streaming, unary
@@ -133,6 +133,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                     # The snapshot's provenance is the caller's word: it must name
                     # an experiment (of any server) in a tenant the caller may use.
                     source = _name(chunk.source, "restore source") if chunk.source else ""
+                    await self._refuse_taken(name)
                 await budget.take(chunk, len(chunk.keys))
                 keys.extend(chunk.keys)
                 alpha.extend(chunk.alpha)
@@ -157,6 +158,14 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 groups=groups,
             )
             return _shown(await self.core.experiments.restore(data))
+
+    async def _refuse_taken(self, name: str) -> None:
+        """ALREADY_EXISTS before a restore buffers its stream (the write checks again)."""
+        try:
+            await self.core.experiments.get(name)
+        except NotFound:
+            return
+        raise AlreadyExists(f"experiment {name!r} already exists")
 
     @unary
     async def GetExperiment(self, request: pb.GetExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
