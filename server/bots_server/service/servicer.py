@@ -54,7 +54,7 @@ class _StreamBudget:
         self.method, self.bounds, self.charge = method, bounds, charge
         self.tasks = self.bytes = 0
 
-    def _too_many(self, tasks: int) -> ResourceExhausted:
+    def _too_many(self) -> ResourceExhausted:
         return ResourceExhausted(
             f"{self.method}: the stream carries more than {self.bounds.max_tasks} tasks (--max-stream-tasks); "
             "send them in several calls; nothing was written"
@@ -65,7 +65,7 @@ class _StreamBudget:
         self.tasks += tasks
         self.bytes += message.ByteSize()
         if self.tasks > self.bounds.max_tasks:
-            raise self._too_many(self.tasks)
+            raise self._too_many()
         if self.bytes > self.bounds.max_bytes:
             raise ResourceExhausted(
                 f"{self.method}: the stream carries more than {self.bounds.max_bytes} bytes (--max-stream-mb); "
@@ -75,7 +75,7 @@ class _StreamBudget:
             # Reserve the announced stream's memory at once: two large streams
             # admitted piece by piece could each wait for the other's share.
             if message.total_tasks > self.bounds.max_tasks:
-                raise self._too_many(message.total_tasks)
+                raise self._too_many()
             per_task = self.bytes / max(tasks, 1)
             await self.charge.at_least(stream_cost(message.total_tasks, int(per_task * message.total_tasks)))
         await self.charge.at_least(stream_cost(self.tasks, self.bytes))
