@@ -8,6 +8,7 @@ import json
 import logging
 import pickle
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -578,6 +579,11 @@ def test_a_background_report_failure_surfaces_at_the_next_batch(
         assert sampler.report({k: outcome_of(k) for k in rows["key"]}) == []  # returns at once
         with pytest.raises(bots_client.NotFoundError):
             next(it)  # the next batch raises the report's error
+        # The failure is logged by the future's done-callback, on the
+        # reporting thread, which may run just after the error was raised here.
+        deadline = time.monotonic() + 10
+        while "running in the background failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert "running in the background failed" in caplog.text
     assert sampler.wait() == []  # raised once; nothing left behind
 
