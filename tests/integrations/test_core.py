@@ -13,7 +13,7 @@ import pytest
 
 import bots_client
 from bots_client.integrations import Curriculum, aggregate_outcomes, merge_outcomes
-from bots_client.integrations._core import UnattributedOutcomesError
+from bots_client.integrations._core import UnattributedOutcomesError, address_and_experiment
 from tests.integrations.conftest import EXACT, counts
 
 
@@ -50,6 +50,19 @@ def test_aggregate_outcomes_counts_every_rollout_without_filtering() -> None:
     with pytest.raises(ValueError, match="one of each"):
         aggregate_outcomes(["x", "y"], [1.0])
     assert merge_outcomes([{"a": (1, 2)}, {"a": (2, 2), "b": (0, 4)}]) == {"a": (3.0, 4), "b": (0.0, 4)}
+
+
+def test_address_and_experiment_come_from_the_config_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BOTS_ADDRESS", raising=False)
+    monkeypatch.delenv("BOTS_EXPERIMENT", raising=False)
+    given = {"address": "h:1", "experiment": "e"}
+    assert address_and_experiment(given, "BotsSelector", "kwargs.") == ("h:1", "e")
+    with pytest.raises(ValueError, match=r"BotsSelector needs kwargs.address and kwargs.experiment \(or the BOTS_ADDRESS"):
+        address_and_experiment({"address": "h:1"}, "BotsSelector", "kwargs.")
+    monkeypatch.setenv("BOTS_ADDRESS", "env:2")
+    monkeypatch.setenv("BOTS_EXPERIMENT", "from-env")
+    assert address_and_experiment({}, "BotsRLDataset", "+data.bots.") == ("env:2", "from-env")
+    assert address_and_experiment(given, "BotsRLDataset", "+data.bots.") == ("h:1", "e")  # the config wins
 
 
 def test_setup_creates_adds_tasks_with_features_and_reattaches(client: bots_client.Client, exp_name: str) -> None:

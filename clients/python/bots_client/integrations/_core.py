@@ -770,6 +770,20 @@ def _log_failure(future: Future[list[ReportResult]]) -> None:
         log.error("a report running in the background failed; the next batch will raise it: %s", error)
 
 
+def address_and_experiment(options: Mapping[str, Any], who: str, where: str) -> tuple[str, str]:
+    """The server address and the experiment name of a framework's config
+    (`options`), or BOTS_ADDRESS / BOTS_EXPERIMENT; ValueError naming
+    `where + "address"` if either is missing."""
+    address = options.get("address") or os.environ.get("BOTS_ADDRESS")
+    experiment = options.get("experiment") or os.environ.get("BOTS_EXPERIMENT")
+    if not address or not experiment:
+        raise ValueError(
+            f"{who} needs {where}address and {where}experiment "
+            "(or the BOTS_ADDRESS and BOTS_EXPERIMENT environment variables)"
+        )
+    return str(address), str(experiment)
+
+
 def config_flag(options: Mapping[str, Any], name: str, default: bool, where: str) -> bool:
     """A boolean option of a framework's config (YAML or Hydra may give the
     string "true"); anything else raises, naming `where + name`."""

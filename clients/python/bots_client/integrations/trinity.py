@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -72,7 +71,13 @@ from typing import Any
 import numpy as np
 
 from bots_client.errors import NotFoundError
-from bots_client.integrations._core import MAX_OPEN_BATCHES, Curriculum, SelectedBatch, config_flag
+from bots_client.integrations._core import (
+    MAX_OPEN_BATCHES,
+    Curriculum,
+    SelectedBatch,
+    address_and_experiment,
+    config_flag,
+)
 from bots_client.types import ExperimentConfig, ReportResult
 
 __all__ = ["BotsSelector", "experiment_config_from_trinity", "trinity_repeat_times"]
@@ -234,12 +239,7 @@ class BotsSelector:
         unknown = set(kwargs) - _OWN_KWARGS - _TRINITY_KWARGS
         if unknown:
             raise ValueError(f"unknown BotsSelector kwargs {sorted(unknown)}")
-        address = kwargs.get("address") or os.environ.get("BOTS_ADDRESS")
-        experiment = kwargs.get("experiment") or os.environ.get("BOTS_EXPERIMENT")
-        if not address or not experiment:
-            raise ValueError(
-                "BotsSelector needs kwargs.address and kwargs.experiment (or BOTS_ADDRESS, BOTS_EXPERIMENT)"
-            )
+        address, experiment = address_and_experiment(kwargs, "BotsSelector", "kwargs.")
         strict = _flag(kwargs, "strict", True)
         resume = _flag(kwargs, "resume", False)
         self.repeat_times = trinity_repeat_times(config)

@@ -64,6 +64,7 @@ from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
     UnattributedOutcomesError,
+    address_and_experiment,
     aggregate_outcomes,
     config_flag,
     lazy_class,
@@ -373,13 +374,7 @@ class _CurriculumSampler(_BotsSampler):
     def __init__(self, data_source: Any, data_config: Any, **overrides: Any) -> None:
         options = _plain(_get(data_config, "sampler") or {})
         options.update(overrides)
-        address = options.get("address") or os.environ.get("BOTS_ADDRESS")
-        experiment = options.get("experiment") or os.environ.get("BOTS_EXPERIMENT")
-        if not address or not experiment:
-            raise ValueError(
-                "BotsCurriculumSampler needs data.sampler.address and data.sampler.experiment "
-                "(or the BOTS_ADDRESS and BOTS_EXPERIMENT environment variables)"
-            )
+        address, experiment = address_and_experiment(options, "BotsCurriculumSampler", "data.sampler.")
         batch_size = (
             options.get("batch_size") or _get(data_config, "gen_batch_size") or _get(data_config, "train_batch_size")
         )

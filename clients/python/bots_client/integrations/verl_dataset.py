@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -66,6 +65,7 @@ from bots_client.integrations._core import (
     CurriculumSignals,
     SelectedBatch,
     UnattributedOutcomesError,
+    address_and_experiment,
     aggregate_outcomes,
     config_flag,
     lazy_class,
@@ -442,13 +442,7 @@ class _BotsRLDataset:
         if not self.is_train:
             return
         options = _plain(_get(config, "bots", {}))
-        address = options.get("address") or os.environ.get("BOTS_ADDRESS")
-        experiment = options.get("experiment") or os.environ.get("BOTS_EXPERIMENT")
-        if not address or not experiment:
-            raise ValueError(
-                "BotsRLDataset needs +data.bots.address and +data.bots.experiment "
-                "(or the BOTS_ADDRESS and BOTS_EXPERIMENT environment variables)"
-            )
+        address, experiment = address_and_experiment(options, "BotsRLDataset", "+data.bots.")
         if config_flag({"shuffle": _get(config, "shuffle", False)}, "shuffle", False, "data."):
             raise ValueError(
                 "data.shuffle=true: verl then feeds the dataset random indices, but BotsRLDataset's index i is "
