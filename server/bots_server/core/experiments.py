@@ -15,7 +15,7 @@ from bots_server.core.experiment import reference_rates
 from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import Runtime
 from bots_server.engine import PosteriorState
-from bots_server.errors import InvalidArgument, NotFound
+from bots_server.errors import AlreadyExists, InvalidArgument, NotFound
 from bots_server.store import ExperimentCopy, ExperimentRow
 
 DEFAULT_PAGE_SIZE = 100
@@ -39,12 +39,30 @@ class Experiments:
         return summary(row, open_batches=0)
 
     async def get(self, name: str) -> Experiment:
+        row = await self._row(name)
+        rt = self.runtime
+        return summary(row, await rt.db(rt.store.count_open_batches, row.id, rt.clock()))
+
+    async def size(self, name: str) -> int:
+        """The experiment's number of tasks (NotFound if there is none): one
+        lookup, for a call that must know before it takes a stream."""
+        return (await self._row(name)).num_tasks
+
+    async def refuse_taken(self, name: str) -> None:
+        """AlreadyExists if `name` is taken: one lookup, before a restore
+        buffers its stream (its write checks again, atomically)."""
+        validation.experiment_name(name)
+        rt = self.runtime
+        if await rt.db(rt.store.find_experiment, name) is not None:
+            raise AlreadyExists(f"experiment {name!r} already exists")
+
+    async def _row(self, name: str) -> ExperimentRow:
         validation.experiment_name(name)
         rt = self.runtime
         row = await rt.db(rt.store.find_experiment, name)
         if row is None:
             raise NotFound(f"experiment {name!r} not found")
-        return summary(row, await rt.db(rt.store.count_open_batches, row.id, rt.clock()))
+        return row
 
     async def list(self, page_size: int, page_token: str, tenant: str | None = None) -> tuple[list[Experiment], str]:
         """A page of experiments by stored name: `tenant`'s, or every tenant's (None)."""

@@ -20,7 +20,7 @@ from bots_server.core.domain import Experiment, RestoreData, Snapshot
 from bots_server.core.limits import shown
 from bots_server.core.quotas import DEFAULT_STREAM_BOUNDS, StreamBounds
 from bots_server.core.selector import SelectorService
-from bots_server.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from bots_server.errors import InvalidArgument, ResourceExhausted
 from bots_server.service import convert
 from bots_server.service.admission import Admission, Budgets, Charge, snapshot_cost, stream_cost
 from bots_server.service.status import server_streaming, unary
@@ -133,7 +133,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                     # The snapshot's provenance is the caller's word: it must name
                     # an experiment (of any server) in a tenant the caller may use.
                     source = _name(chunk.source, "restore source") if chunk.source else ""
-                    await self._refuse_taken(name)
+                    await self.core.experiments.refuse_taken(name)
                 await budget.take(chunk, len(chunk.keys))
                 keys.extend(chunk.keys)
                 alpha.extend(chunk.alpha)
@@ -158,14 +158,6 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 groups=groups,
             )
             return _shown(await self.core.experiments.restore(data))
-
-    async def _refuse_taken(self, name: str) -> None:
-        """ALREADY_EXISTS before a restore buffers its stream (the write checks again)."""
-        try:
-            await self.core.experiments.get(name)
-        except NotFound:
-            return
-        raise AlreadyExists(f"experiment {name!r} already exists")
 
     @unary
     async def GetExperiment(self, request: pb.GetExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
@@ -204,7 +196,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                         raise InvalidArgument("AddTasks: the first message must name the experiment")
                     name = _name(chunk.experiment)
                     # NOT_FOUND now, not after buffering a stream of a million tasks.
-                    await self.core.experiments.get(name)
+                    await self.core.experiments.size(name)
                 elif chunk.experiment and chunk.experiment != first.experiment:
                     raise InvalidArgument(
                         f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
@@ -270,7 +262,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SnapshotChunk]:
         name = _name(request.experiment)
-        num_tasks = (await self.core.experiments.get(name)).num_tasks
+        num_tasks = await self.core.experiments.size(name)
         async with self.admission.holding(_caller_tenant(), "Snapshot") as charge:
             await charge.at_least(snapshot_cost(num_tasks, request.include_features))
             snap = await self.core.experiments.snapshot(name, request.include_features)
