@@ -43,35 +43,34 @@ class OpaqueLabels(SelectorObserver):
 
     def __init__(self, inner: SelectorObserver) -> None:
         self.inner = inner
-        self.experiment = opaque_experiment
 
     def batch_selected(self, experiment: str, batch_id: str, batch_size: int, lease_expires: float) -> None:
-        self.inner.batch_selected(self.experiment(experiment), batch_id, batch_size, lease_expires)
+        self.inner.batch_selected(opaque_experiment(experiment), batch_id, batch_size, lease_expires)
 
     def report_applied(self, experiment: str, batch_id: str, signals: BatchSignals, posterior: PosteriorView) -> None:
-        self.inner.report_applied(self.experiment(experiment), batch_id, signals, posterior)
+        self.inner.report_applied(opaque_experiment(experiment), batch_id, signals, posterior)
 
     def experiment_listed(self, experiment: str, step: int, num_tasks: int) -> None:
-        self.inner.experiment_listed(self.experiment(experiment), step, num_tasks)
+        self.inner.experiment_listed(opaque_experiment(experiment), step, num_tasks)
 
     def checkpoint_written(self, experiment: str, step: int, seconds: float) -> None:
-        self.inner.checkpoint_written(self.experiment(experiment), step, seconds)
+        self.inner.checkpoint_written(opaque_experiment(experiment), step, seconds)
 
     def experiment_loaded(self, experiment: str, posterior: PosteriorView, seconds: float) -> None:
-        self.inner.experiment_loaded(self.experiment(experiment), posterior, seconds)
+        self.inner.experiment_loaded(opaque_experiment(experiment), posterior, seconds)
 
     def tasks_added(self, experiment: str, num_tasks: int) -> None:
-        self.inner.tasks_added(self.experiment(experiment), num_tasks)
+        self.inner.tasks_added(opaque_experiment(experiment), num_tasks)
 
     def groups_selected(self, experiment: str, counts: dict[str, int]) -> None:
         labelled = {opaque_group(group) if group else group: n for group, n in counts.items()}
-        self.inner.groups_selected(self.experiment(experiment), labelled)
+        self.inner.groups_selected(opaque_experiment(experiment), labelled)
 
     def tasks_retired(self, experiment: str, num_retired: int, num_tasks: int) -> None:
-        self.inner.tasks_retired(self.experiment(experiment), num_retired, num_tasks)
+        self.inner.tasks_retired(opaque_experiment(experiment), num_retired, num_tasks)
 
     def experiment_removed(self, experiment: str) -> None:
-        self.inner.experiment_removed(self.experiment(experiment))
+        self.inner.experiment_removed(opaque_experiment(experiment))
 
     def experiment_evicted(self, experiment: str) -> None:
-        self.inner.experiment_evicted(self.experiment(experiment))
+        self.inner.experiment_evicted(opaque_experiment(experiment))
