@@ -271,9 +271,15 @@ def test_metrics_show_no_tenant_names(tenant_server: ServerProcess, callers: Cal
     assert writer.call("AddTasks", pb.AddTasksRequest(experiment=name, tasks=tasks))[0] == OK
     assert writer.call("SelectBatch", pb.SelectBatchRequest(experiment=name, batch_size=2))[0] == OK
     label = f"team-b/{hashlib.sha256(f'team-b/{name}'.encode()).hexdigest()[:12]}"
-    with urllib.request.urlopen(f"http://127.0.0.1:{tenant_server.metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    assert f'bots_batches_selected_total{{experiment="{label}"}} 1.0' in text
+    series = f'bots_batches_selected_total{{experiment="{label}"}} 1.0'
+    deadline = time.monotonic() + 10  # the metrics hooks run on a worker thread, after the call returns
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{tenant_server.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        if series in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert series in text
     assert f'group="g-{hashlib.sha256(group.encode()).hexdigest()[:10]}"' in text
     assert name not in text and group not in text and "secret-" not in text
 
