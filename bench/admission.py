@@ -38,7 +38,7 @@ def flood(budget_mb: int) -> tuple[float, list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         creds = credentials_file(Path(tmp) / "credentials.toml", PRINCIPALS)
         args = ["--credentials-file", str(creds), "--inflight-budget-mb", str(budget_mb),
-                "--tenant-inflight-budget-mb", str(budget_mb // 2)]  # fmt: skip
+                "--tenant-inflight-budget-mb", str(budget_mb // 2), "--tenant-bulk-calls", "0"]  # fmt: skip
         server = ServerProcess(f"sqlite:///{Path(tmp) / 'flood.db'}", extra_args=args).start()
         try:
             assert server.proc is not None

@@ -159,6 +159,13 @@ SETTINGS = (
         "tenant cannot hold all of it (0: no bound)",
     ),
     Setting(
+        "--tenant-bulk-calls",
+        "BOTS_TENANT_BULK_CALLS",
+        "1",
+        "how many of one tenant's bulk calls (AddTasks, RestoreExperiment, Snapshot) run at once; the rest queue "
+        "in arrival order, so that one tenant's flood takes one worker, not all of them (0: no bound)",
+    ),
+    Setting(
         "--audit-log",
         "BOTS_AUDIT_LOG",
         "all",
@@ -223,6 +230,7 @@ class ServerSettings:
     memory_budget_mb: float = 1024.0
     inflight_budget_mb: float = 768.0
     tenant_inflight_budget_mb: float = 768.0
+    tenant_bulk_calls: int = 1
     audit_log: str = "all"
 
     otlp_endpoint: str = ""
@@ -341,6 +349,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             memory_budget_mb=_amount(args.memory_budget_mb, "--memory-budget-mb"),
             inflight_budget_mb=_amount(args.inflight_budget_mb, "--inflight-budget-mb"),
             tenant_inflight_budget_mb=_amount(args.tenant_inflight_budget_mb, "--tenant-inflight-budget-mb"),
+            tenant_bulk_calls=_count(args.tenant_bulk_calls, "--tenant-bulk-calls"),
             audit_log=args.audit_log,
             otlp_endpoint=args.otlp_endpoint.strip(),
         )

@@ -2,7 +2,8 @@
 the memory that buffering and streaming calls hold at once stays under
 --inflight-budget-mb, per tenant under --tenant-inflight-budget-mb; a call
 beyond it waits, then gets RESOURCE_EXHAUSTED with a retry hint and
-changes nothing; another tenant's calls still go through."""
+changes nothing; another tenant's calls still go through. One tenant's bulk
+calls take turns (--tenant-bulk-calls) while another tenant's go at once."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def budget_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     creds = credentials_file(tmp / "credentials.toml", PRINCIPALS)
     server = ServerProcess(
         url,
-        extra_args=["--credentials-file", str(creds), "--inflight-budget-mb", "80", "--tenant-inflight-budget-mb", "40"],
+        # Memory alone here: one tenant's calls also take turns (test_turns below), which would hide it.
+        extra_args=["--credentials-file", str(creds), "--inflight-budget-mb", "80", "--tenant-inflight-budget-mb", "40",
+                    "--tenant-bulk-calls", "0"],  # fmt: skip
     ).start()
     yield server
     server.stop()
@@ -171,3 +174,38 @@ def test_a_flood_of_uploads_keeps_the_server_within_its_budget(budget_server: Se
     # How many get through depends on the machine's speed; that some do and some wait too long does not.
     assert grpc.StatusCode.OK in codes and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
     assert peak - before < (80 + 40) * 1024 * 1024, (before, peak, codes)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def turns_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("turns")
+    url = f"sqlite:///{tmp / 'turns.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    creds = credentials_file(tmp / "credentials.toml", PRINCIPALS)
+    server = ServerProcess(url, extra_args=["--credentials-file", str(creds)]).start()  # --tenant-bulk-calls 1
+    yield server
+    server.stop()
+
+
+def test_one_tenants_bulk_calls_take_turns_and_another_tenants_do_not_wait(turns_server: ServerProcess) -> None:
+    tag = uuid.uuid4().hex[:8]
+    with grpc.insecure_channel(turns_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        for who in ("a-writer", "b-writer"):
+            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"turn-{tag}"), metadata=metadata(who), timeout=20)
+        gate = threading.Event()
+        snapshot = pb.SnapshotRequest(experiment=f"turn-{tag}")
+        with ThreadPoolExecutor(2) as pool:
+            # Team A's upload holds its turn until the gate opens.
+            held = pool.submit(stub.AddTasks, chunks(f"turn-{tag}", "a1", gate=gate), metadata=metadata("a-writer"), timeout=60)
+            time.sleep(1.0)
+            waiting = pool.submit(lambda: list(stub.Snapshot(snapshot, metadata=metadata("a-writer"), timeout=60)))
+            # Team B's upload and snapshot go through while A's snapshot waits for A's turn.
+            other = stub.AddTasks(chunks(f"turn-{tag}", "b1"), metadata=metadata("b-writer"), timeout=30)
+            b_keys = [k for c in stub.Snapshot(snapshot, metadata=metadata("b-writer"), timeout=30) for k in c.keys]
+            assert not waiting.done()
+            gate.set()
+            assert held.result().added == TASKS
+            # A's snapshot ran after A's upload: it sees all of it.
+            a_keys = [k for chunk in waiting.result() for k in chunk.keys]
+    assert other.added == TASKS and len(b_keys) == TASKS
+    assert len(a_keys) == TASKS and a_keys[0] == "a1-000000"

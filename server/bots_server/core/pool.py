@@ -41,10 +41,7 @@ class Pool:
         async with rt.locked(name):
             live, _ = await rt.ready(name)
             await rt.run(validation.tasks, live.config, tasks)
-            keys = [task.key for task in tasks]
-            # The service hands dicts already: a copy of a million would double the peak.
-            features = [f if type(f) is dict else dict(f) for f in (task.features for task in tasks)]
-            groups = [task.group for task in tasks]
+            keys, features, groups = await rt.run(_columns, tasks)
             for _ in range(MAX_WRITE_ATTEMPTS):
                 taken = [keys[j] for j in np.flatnonzero(await rt.run(live.keys.lookup, keys) >= 0).tolist()]
                 if taken:
@@ -62,7 +59,7 @@ class Pool:
                 except StaleStep:
                     await rt.catch_up(live)
                     continue
-                await rt.run(live.append_tasks, keys, *live.reference_rates(features), groups)
+                await rt.run(lambda: live.append_tasks(keys, *live.reference_rates(features), groups))
                 await rt.run(release_free_memory, len(keys))  # the request's transient buffers
                 rt.keep_within_budget()
                 rt.notify(rt.observer.tasks_added, name, live.num_tasks)
@@ -176,3 +173,11 @@ def _already_has(name: str, taken: list[str]) -> AlreadyExists:
     shown = ", ".join(repr(k) for k in taken[:5])
     more = f" and {len(taken) - 5} more" if len(taken) > 5 else ""
     return AlreadyExists(f"experiment {name!r} already has tasks {shown}{more}")
+
+
+def _columns(tasks: Sequence[Task]) -> tuple[list[str], list[dict[str, float]], list[str]]:
+    """Keys, features and groups of `tasks`, as the store takes them."""
+    keys = [task.key for task in tasks]
+    # The service hands dicts already: a copy of a million would double the peak.
+    features = [f if type(f) is dict else dict(f) for f in (task.features for task in tasks)]
+    return keys, features, [task.group for task in tasks]

@@ -10,6 +10,11 @@ past its memory limit and take every tenant's calls down with it.
 A call that does not fit waits up to `wait_s` for others to finish, then
 gets RESOURCE_EXHAUSTED with a retry hint; nothing was written. A call
 whose charge alone exceeds a budget is refused at once.
+
+Each tenant also runs at most `tenant_calls` of these calls at once; the
+rest wait their turn in arrival order (until their deadline). Their work is
+seconds of CPU and of database writes, so this keeps one tenant's flood to
+one worker's share of the process, and leaves the rest to other tenants.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Budgets:
 
     total_bytes: int | None = None
     tenant_bytes: int | None = None
+    tenant_calls: int | None = None
     wait_s: float = 5.0
 
 
@@ -54,6 +60,7 @@ class Admission:
         self.held_total = 0
         self.held: defaultdict[str, int] = defaultdict(int)
         self._changed = asyncio.Condition()
+        self._turns: dict[str, asyncio.Semaphore] = {}
 
     def _fits(self, tenant: str, n: int) -> bool:
         b = self.budgets
@@ -95,12 +102,16 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def holding(self, tenant: str, method: str) -> AsyncIterator[Charge]:
-        """A charge that grows as the call takes memory, released when it ends."""
-        charge = Charge(self, tenant, method)
-        try:
-            yield charge
-        finally:
-            await self.release(tenant, charge.bytes)
+        """The tenant's turn, then a charge that grows as the call takes
+        memory; both released when the call ends."""
+        async with contextlib.AsyncExitStack() as turn:
+            if self.budgets.tenant_calls is not None:
+                await turn.enter_async_context(self._turns.setdefault(tenant, asyncio.Semaphore(self.budgets.tenant_calls)))
+            charge = Charge(self, tenant, method)
+            try:
+                yield charge
+            finally:
+                await self.release(tenant, charge.bytes)
 
 
 class Charge:

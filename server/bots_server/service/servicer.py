@@ -9,6 +9,7 @@ arrive, before the server holds more than the bound.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -202,7 +203,9 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                         f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
                     )
                 await budget.take(chunk, len(chunk.tasks))
-                tasks.extend(convert.tasks_from_proto(chunk.tasks))
+                # Off the event loop: converting a large message is CPU that
+                # would hold every other caller's responses back.
+                tasks.extend(await asyncio.to_thread(convert.tasks_from_proto, chunk.tasks))
             if first is None:
                 raise InvalidArgument("AddTasks: empty stream")
             _check_complete("AddTasks", first, len(tasks))
@@ -266,18 +269,13 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         async with self.admission.holding(_caller_tenant(), "Snapshot") as charge:
             await charge.at_least(snapshot_cost(num_tasks, request.include_features))
             snap = await self.core.experiments.snapshot(name, request.include_features)
-            chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment))
-            start, size = 0, 0
-            for i, key in enumerate(snap.keys):
-                size += len(key.encode()) + _PER_TASK_OVERHEAD
-                if snap.features is not None:
-                    size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
-                if snap.groups is not None:
-                    size += len(snap.groups[i].encode()) + 2
-                if size >= SNAPSHOT_CHUNK_BYTES:
-                    yield _fill(chunk, snap, start, i + 1)
-                    chunk, start, size = pb.SnapshotChunk(), i + 1, 0
-            yield _fill(chunk, snap, start, len(snap.keys))
+            # Chunks are sized and built on a worker thread: a large
+            # experiment's copy takes seconds of CPU that would otherwise stall
+            # every other caller's responses on the event loop.
+            bounds = await asyncio.to_thread(_chunk_bounds, snap)
+            for start, stop in bounds:
+                chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment)) if start == 0 else pb.SnapshotChunk()
+                yield await asyncio.to_thread(_fill, chunk, snap, start, stop)
 
 
 def _check_complete(method: str, first: pb.AddTasksRequest | pb.RestoreExperimentRequest, received: int) -> None:
@@ -288,6 +286,24 @@ def _check_complete(method: str, first: pb.AddTasksRequest | pb.RestoreExperimen
             f"{method}: the stream carried {received} tasks but its first message announced {first.total_tasks}; "
             "nothing was written"
         )
+
+
+def _chunk_bounds(snap: Snapshot) -> list[tuple[int, int]]:
+    """[start, stop) of each chunk of about SNAPSHOT_CHUNK_BYTES; one chunk
+    at least, so that an empty experiment still answers with its summary."""
+    bounds, start, size = [], 0, 0
+    for i, key in enumerate(snap.keys):
+        size += len(key.encode()) + _PER_TASK_OVERHEAD
+        if snap.features is not None:
+            size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
+        if snap.groups is not None:
+            size += len(snap.groups[i].encode()) + 2
+        if size >= SNAPSHOT_CHUNK_BYTES:
+            bounds.append((start, i + 1))
+            start, size = i + 1, 0
+    if start < len(snap.keys) or not bounds:
+        bounds.append((start, len(snap.keys)))
+    return bounds
 
 
 def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int) -> pb.SnapshotChunk:

@@ -1,0 +1,212 @@
+"""Does one tenant's flood slow another tenant's trainer? Team B's trainer
+loop, measured with the load generator, alone and while team A floods the
+same server, on SQLite and PostgreSQL.
+
+    .venv/bin/python -m bench.fairness                      # both backends, uploads and snapshots, 3 rounds
+    .venv/bin/python -m bench.fairness --backend sqlite --flood uploads --rounds 1 --seconds 10
+
+Each round runs `bench.loadgen` as team B (a writer, its own bearer token:
+one worker, SelectBatch -> ReportOutcomes, batch 64 of 10k tasks) for
+`--seconds` alone, then for `--seconds` while team A floods, so the two
+phases alternate and share the machine's state. The floods:
+
+- uploads:   4 of A's threads, each uploading 250k new tasks at a time, again and again;
+- snapshots: 4 of A's threads, each streaming Snapshot(include_features) of a 250k-task experiment, again and again.
+
+Prints, per backend and flood, B's p50 and p99 (milliseconds) alone and
+under the flood, per round, and the ratio of the p99s (median and range
+over rounds), with B's errors and how many calls of A were served and
+refused. The goal is a p99 under the flood within 2x of B's p99 alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python bench/fairness.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common
+
+FLOODERS = 4
+FLOOD_TASKS = 250_000
+TOKENS = {"a-writer": "team-a-writer-token-0123456789", "b-writer": "team-b-writer-token-0123456789"}
+
+
+def credentials(path: Path) -> Path:
+    from bots_server.service.credentials import hash_token
+
+    path.write_text(
+        "\n".join(
+            f'[[principals]]\nname = "{who}"\ntenant = "team-{who[0]}"\nrole = "writer"\n'
+            f'token_sha256 = "{hash_token(token)}"\n'
+            for who, token in TOKENS.items()
+        )
+    )
+    return path
+
+
+class Flood:
+    """FLOODERS threads of team A calling the server as fast as it answers.
+    Requests are serialized once and responses left undecoded, so that the
+    flood spends the machine's CPU in the server, not in this client."""
+
+    def __init__(self, address: str, kind: str) -> None:
+        import grpc
+
+        from bots_client.proto import bots_pb2 as pb
+
+        self.kind = kind
+        self.channel = grpc.insecure_channel(address)
+        self.metadata = (("authorization", f"Bearer {TOKENS['a-writer']}"),)
+        self.stop = threading.Event()
+        self.served = 0
+        self.refused: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        service = "/bots.v1.TaskSelector/"
+        def serialize(message: Any) -> bytes:
+            return bytes(message.SerializeToString())
+
+        self.create = self.channel.unary_unary(service + "CreateExperiment", serialize, None)
+        self.delete = self.channel.unary_unary(service + "DeleteExperiment", serialize, None)
+        self.add = self.channel.stream_unary(service + "AddTasks", None, None)  # bytes in, bytes out
+        self.snapshot = self.channel.unary_stream(service + "Snapshot", serialize, None)
+        features = {"weak": 0.5, "strong": 0.5}
+        self.chunks = [
+            pb.AddTasksRequest(tasks=[pb.Task(key=f"t-{i:07d}", features=features) for i in range(s, s + 10_000)])
+            .SerializeToString()
+            for s in range(0, FLOOD_TASKS, 10_000)
+        ]
+        if kind == "snapshots":
+            self.create(pb.CreateExperimentRequest(name="flood-snapshots"), metadata=self.metadata)
+            self.upload("flood-snapshots")
+
+    def upload(self, name: str) -> None:
+        from bots_client.proto import bots_pb2 as pb
+
+        head = pb.AddTasksRequest(experiment=name, total_tasks=FLOOD_TASKS).SerializeToString()
+        self.add(iter([head, *self.chunks]), metadata=self.metadata, timeout=600)
+
+    def start(self) -> None:
+        self.stop.clear()
+        self.threads = [threading.Thread(target=self.loop, args=(i,), daemon=True) for i in range(FLOODERS)]
+        for t in self.threads:
+            t.start()
+
+    def loop(self, i: int) -> None:
+        import grpc
+
+        from bots_client.proto import bots_pb2 as pb
+
+        while not self.stop.is_set():
+            try:
+                if self.kind == "uploads":
+                    name = f"flood-{i}-{uuid.uuid4().hex[:8]}"
+                    self.create(pb.CreateExperimentRequest(name=name), metadata=self.metadata, timeout=60)
+                    try:
+                        self.upload(name)
+                    finally:
+                        self.delete(pb.DeleteExperimentRequest(name=name), metadata=self.metadata, timeout=600)
+                else:
+                    request = pb.SnapshotRequest(experiment="flood-snapshots", include_features=True)
+                    for _ in self.snapshot(request, metadata=self.metadata, timeout=600):
+                        pass
+                with self.lock:
+                    self.served += 1
+            except grpc.RpcError as e:
+                with self.lock:
+                    code = e.code().name
+                    self.refused[code] = self.refused.get(code, 0) + 1
+                time.sleep(0.2)
+
+    def halt(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def trainer_b(address: str, seconds: float, out: Path) -> dict[str, Any]:
+    """bench.loadgen as team B for `seconds`; its JSON result."""
+    env = {**os.environ, "BOTS_TOKEN": TOKENS["b-writer"]}
+    cmd = [sys.executable, "-m", "bench.loadgen", "--target", address, "--duration", str(seconds),
+           "--requests", "0", "--concurrency", "1", "--pool", "10000", "--batch-size", "64",
+           "--rollouts", "8", "--timeout", "10", "--quiet", "--json", str(out)]  # fmt: skip
+    subprocess.run(cmd, env=env, check=False, stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+    return json.loads(out.read_text())
+
+
+def summary(result: dict[str, Any]) -> dict[str, float]:
+    """B's calls: the slower method's p50 and p99 (ms), calls and errors."""
+    methods = [result["latency_ms"][m] for m in ("SelectBatch", "ReportOutcomes") if m in result["latency_ms"]]
+    worst = {q: max((m[q] for m in methods), default=float("nan")) for q in ("p50", "p99", "max")}
+    return {"calls": result["requests_ok"], "p50_ms": worst["p50"], "p99_ms": worst["p99"], "max_ms": worst["max"],
+            "errors": result["errors_total"], "setup_s": result["setup_seconds"]}  # fmt: skip
+
+
+def run_backend(backend: str, floods: list[str], rounds: int, seconds: float, extra: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    with common.database(backend) as url, tempfile.TemporaryDirectory() as tmp:
+        args = ["--credentials-file", str(credentials(Path(tmp) / "credentials.toml")), *extra]
+        server = common.server_process(url, args).start()
+        try:
+            for kind in floods:
+                flood = Flood(server.address, kind)
+                for r in range(rounds):
+                    alone = summary(trainer_b(server.address, seconds, Path(tmp) / "b.json"))
+                    flood.start()
+                    time.sleep(1.0)  # the flood's first calls are in flight
+                    loaded = summary(trainer_b(server.address, seconds, Path(tmp) / "b.json"))
+                    flood.halt()
+                    row = {"backend": backend, "flood": kind, "round": r, "alone": alone, "flooded": loaded,
+                           "ratio_p99": loaded["p99_ms"] / alone["p99_ms"], "a_served": flood.served,
+                           "a_refused": dict(flood.refused)}  # fmt: skip
+                    flood.served, flood.refused = 0, {}
+                    rows.append(row)
+                    print(
+                        f"{backend:10s} {kind:9s} round {r}: B alone p50 {alone['p50_ms']:.1f} p99 {alone['p99_ms']:.1f} "
+                        f"({alone['calls']} calls, {alone['errors']} errors); flooded p50 {loaded['p50_ms']:.1f} "
+                        f"p99 {loaded['p99_ms']:.1f} max {loaded['max_ms']:.0f} ({loaded['calls']} calls, {loaded['errors']} errors); "
+                        f"p99 ratio {row['ratio_p99']:.2f}; A served {row['a_served']} refused {row['a_refused']}",
+                        flush=True,
+                    )
+        finally:
+            server.stop()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    parser.add_argument("--flood", choices=["uploads", "snapshots", "both"], default="both")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase (default 20)")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra argument to bots-server serve")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    floods = ["uploads", "snapshots"] if args.flood == "both" else [args.flood]
+    info = common.machine_info()
+    print(common.machine_line(info), flush=True)
+    rows = [row for b in backends for row in run_backend(b, floods, args.rounds, args.seconds, args.server_arg)]
+    for backend in backends:
+        for kind in floods:
+            ratios = [r["ratio_p99"] for r in rows if r["backend"] == backend and r["flood"] == kind]
+            print(f"{backend:10s} {kind:9s} p99 flooded / alone: {common.median_range(ratios, 2)}")
+    if args.json:
+        common.write_json(Path(args.json), {"machine": info, "args": vars(args), "rounds": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
