@@ -35,8 +35,10 @@ def budget_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     server = ServerProcess(
         url,
         # Memory alone here: one tenant's calls also take turns (test_turns below), which would hide it.
-        extra_args=["--credentials-file", str(creds), "--inflight-budget-mb", "80", "--tenant-inflight-budget-mb", "40",
-                    "--tenant-bulk-calls", "0"],  # fmt: skip
+        extra_args=[
+            *("--credentials-file", str(creds)),
+            *("--inflight-budget-mb", "80", "--tenant-inflight-budget-mb", "40", "--tenant-bulk-calls", "0"),
+        ],
     ).start()
     yield server
     server.stop()
