@@ -5,7 +5,8 @@ same server, on SQLite and PostgreSQL.
     .venv/bin/python -m bench.fairness                      # both backends, uploads and snapshots, 3 rounds
     .venv/bin/python -m bench.fairness --backend sqlite --flood uploads --rounds 1 --seconds 10
 
-Each round runs `bench.loadgen` as team B (a writer, its own bearer token:
+Each round runs `bench.loadgen` as team B (its own bearer token; a
+tenant-admin, so that it deletes its scratch experiment afterwards:
 one worker, SelectBatch -> ReportOutcomes, batch 64 of 10k tasks) for
 `--seconds` alone, then for `--seconds` while team A floods, so the two
 phases alternate and share the machine's state. The floods:
@@ -48,7 +49,7 @@ def credentials(path: Path) -> Path:
 
     path.write_text(
         "\n".join(
-            f'[[principals]]\nname = "{who}"\ntenant = "team-{who[0]}"\nrole = "writer"\n'
+            f'[[principals]]\nname = "{who}"\ntenant = "team-{who[0]}"\nrole = "tenant-admin"\n'
             f'token_sha256 = "{hash_token(token)}"\n'
             for who, token in TOKENS.items()
         )

@@ -9,8 +9,9 @@ in requests and in time, and report latency percentiles and errors.
 
 Each worker loops SelectBatch -> simulated rollouts -> ReportOutcomes on one
 of `--experiments` scratch experiments named `<prefix>-<i>` (created with
-`--pool` tasks, deleted at the end unless --keep). Nothing else on the
-server is touched. The run stops at `--requests` RPCs or `--duration`
+`--pool` tasks, deleted at the end unless --keep, or left with a message
+when the token's role may not delete: that needs tenant-admin). Nothing
+else on the server is touched. The run stops at `--requests` RPCs or `--duration`
 seconds, whichever comes first; calls still in flight then get at most
 `--grace` seconds. Errors are counted by gRPC status, never retried unless
 `--retry` allows it. Exit status: 0 no errors, 1 some errors, 2 setup failed.
@@ -206,12 +207,18 @@ async def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
             await _load(args, client, created, stats, deadline)
         load_s = time.monotonic() - load_started
     finally:
+        left: list[str] = []
         if created and not args.keep:
             for name in created:
                 try:
                     await asyncio.wait_for(client.delete_experiment(name), args.timeout)
+                except bots_client.PermissionDeniedError:
+                    left.append(name)  # a writer's token: deleting needs tenant-admin
                 except (TimeoutError, bots_client.BotsError) as e:
                     stats.error("DeleteExperiment", e)
+        if left:
+            _say(args, f"left {len(left)} scratch experiments ({', '.join(left)}): deleting needs a tenant-admin token")
+        result["left_behind"] = left
         await client.close()
     elapsed = time.monotonic() - started
     calls = sum(len(v) for m, v in stats.latencies.items() if m in ("SelectBatch", "ReportOutcomes"))

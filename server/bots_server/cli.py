@@ -6,7 +6,7 @@
     bots-server experiments list [--server HOST:PORT] [--tls | --tls-ca CA] [--tls-cert C --tls-key K]
     bots-server experiments show NAME [--server HOST:PORT] ...
     bots-server export NAME [--format csv|jsonl] [--output FILE] [--server HOST:PORT] ...
-    bots-server token --name WHO [--tenant T] [--role reader|writer|admin]
+    bots-server token --name WHO [--tenant T] [--role reader|writer|tenant-admin|admin]
     bots-server tasks retire NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
     bots-server tasks reactivate NAME [KEY ...] [--from-file FILE|-] [--server HOST:PORT] ...
     bots-server groups list NAME [--server HOST:PORT] ...
@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     token.add_argument("--name", required=True, help="who the token is for (shown in audit lines)")
     token.add_argument("--tenant", default="default", help="the tenant (default: default)")
-    token.add_argument("--role", default="writer", help="reader, writer or admin (default: writer)")
+    token.add_argument("--role", default="writer", help="reader, writer, tenant-admin (every call on its own tenant) or admin (every tenant) (default: writer)")
     token.set_defaults(run=_token)
     return parser
 

@@ -111,3 +111,22 @@ def test_loopback_mode_starts_and_stops_its_own_server(tmp_path: Path) -> None:
     assert code == 0
     assert result["requests_ok"] == 6
     assert result["target"].startswith("127.0.0.1:")
+
+
+def test_a_writers_token_leaves_its_experiments_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trainer's token may not delete (that needs tenant-admin): the run
+    is no failure, and it names what it left behind."""
+    from bots_server.service.credentials import hash_token
+
+    creds = tmp_path / "credentials.toml"
+    creds.write_text(f'[[principals]]\nname = "w"\ntenant = "team-w"\nrole = "writer"\ntoken_sha256 = "{hash_token("w-token")}"\n')
+    server = ServerProcess(f"sqlite:///{tmp_path / 'w.db'}", extra_args=["--credentials-file", str(creds)]).start()
+    try:
+        monkeypatch.setenv("BOTS_TOKEN", "w-token")
+        code, result = run(tmp_path, "--target", server.address, "--requests", "4", "--prefix", "w", *SMALL[:-1])
+        assert code == 0 and result["errors_total"] == 0 and result["left_behind"] == ["w-0"]
+        assert "left 1 scratch experiments (w-0): deleting needs a tenant-admin token" in capsys.readouterr().err
+    finally:
+        server.stop()

@@ -44,7 +44,7 @@ def credentials(path: Path) -> Path:
         text += f"[tenants.{tenant}]\nmax_experiments = {experiments}\nmax_tasks = {tasks}\n\n"
     for tenant in TENANTS:
         text += (
-            f'[[principals]]\nname = "{tenant}-writer"\ntenant = "{tenant}"\nrole = "writer"\n'
+            f'[[principals]]\nname = "{tenant}-owner"\ntenant = "{tenant}"\nrole = "tenant-admin"\n'
             f'token_sha256 = "{hash_token(token(tenant))}"\n\n'
         )
     path.write_text(text)

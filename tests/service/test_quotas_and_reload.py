@@ -38,7 +38,7 @@ def quota_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     # team-big's own entry overrides them.
     creds.write_text(
         "[tenants.team-big]\nmax_experiments = 0\nmax_tasks_per_experiment = 100\nmax_tasks = 0\n\n"
-        + entry("small", "team-small")
+        + entry("small", "team-small", "tenant-admin")  # it deletes, to make room
         + entry("big", "team-big")
     )
     args = [
@@ -172,4 +172,45 @@ def test_the_token_command_makes_a_working_entry(tmp_path: Path) -> None:
         [sys.executable, "-m", "bots_server.cli", "token", "--name", "x", "--role", "owner"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert bad.returncode == 1 and "reader, writer, admin" in bad.stderr
+    assert bad.returncode == 1 and "reader, writer, tenant-admin, admin" in bad.stderr
+
+
+def _token_entry(name: str, tenant: str, role: str) -> tuple[str, str]:
+    made = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "token", "--name", name, "--tenant", tenant, "--role", role],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    lines = [line for line in made.stdout.splitlines() if not line.startswith("#")]
+    return lines[0], "\n".join(lines[1:]) + "\n"
+
+
+def test_a_tenant_admin_administers_its_own_tenant_and_nothing_else(tmp_path: Path) -> None:
+    owner_token, owner = _token_entry("owner-a", "team-a", "tenant-admin")
+    trainer_token, trainer = _token_entry("trainer-a", "team-a", "writer")
+    other_token, other = _token_entry("trainer-b", "team-b", "writer")
+    assert 'role = "tenant-admin"' in owner
+    creds = tmp_path / "credentials.toml"
+    creds.write_text(owner + "\n" + trainer + "\n" + other)
+    server = ServerProcess(f"sqlite:///{tmp_path / 't.db'}", extra_args=["--credentials-file", str(creds)]).start()
+    try:
+        with (
+            bots_client.Client(server.address, metadata=bots_client.bearer(owner_token), retry_timeout=0) as a_admin,
+            bots_client.Client(server.address, metadata=bots_client.bearer(trainer_token), retry_timeout=0) as a_writer,
+            bots_client.Client(server.address, metadata=bots_client.bearer(other_token), retry_timeout=0) as b_writer,
+        ):
+            a_writer.create_experiment("run")
+            b_writer.create_experiment("run")
+            # A trainer's token cannot erase its run; the team's administrator can.
+            with pytest.raises(bots_client.PermissionDeniedError, match="needs tenant-admin or above"):
+                a_writer.delete_experiment("run")
+            assert [e.name for e in a_admin.list_experiments()] == ["run"]  # its own tenant's only
+            a_admin.delete_experiment("run")
+            assert a_writer.list_experiments() == []
+            # Nothing of another tenant: not by its qualified name, not by a plain one.
+            with pytest.raises(bots_client.PermissionDeniedError, match="may not use experiments of tenant 'team-b'"):
+                a_admin.delete_experiment("team-b/run")
+            with pytest.raises(bots_client.NotFoundError):
+                a_admin.get_experiment("run")
+            assert [e.name for e in b_writer.list_experiments()] == ["run"]
+    finally:
+        server.stop()

@@ -1,10 +1,13 @@
 """Tenants and roles against real server processes with a credentials file,
 on SQLite and PostgreSQL: every RPC x (own tenant's experiment, another
-tenant's) x (reader, writer, admin) answers as docs/security.md says.
+tenant's) x (reader, writer, tenant-admin, admin) answers as
+docs/security.md says.
 
-    own tenant     reader: reads OK, changes PERMISSION_DENIED; writer and admin: OK
-    other tenant   reader and writer: PERMISSION_DENIED (named "b/x"), NOT_FOUND
-                   (named "x": a plain name never leaves the caller's tenant); admin: OK
+    own tenant     reader: reads OK, changes PERMISSION_DENIED; writer: OK but
+                   DeleteExperiment PERMISSION_DENIED; tenant-admin and admin: OK
+    other tenant   reader, writer and tenant-admin: PERMISSION_DENIED (named "b/x"),
+                   NOT_FOUND (named "x": a plain name never leaves the caller's
+                   tenant); admin: OK
 """
 
 from __future__ import annotations
@@ -31,14 +34,17 @@ from tests.support.servers import ServerProcess
 PRINCIPALS = {
     "a-reader": ("team-a", "reader"),
     "a-writer": ("team-a", "writer"),
+    "a-tenant-admin": ("team-a", "tenant-admin"),
     "a-admin": ("team-a", "admin"),
     "b-writer": ("team-b", "writer"),
+    "b-tenant-admin": ("team-b", "tenant-admin"),
 }
 READS = {"GetExperiment", "Snapshot", "ListGroups"}
 CHANGES = {
     "CreateExperiment", "ForkExperiment", "RestoreExperiment", "DeleteExperiment", "AddTasks", "SelectBatch",
     "ReportOutcomes", "ReportAndSelect", "RetireTasks", "ReactivateTasks", "SetGroupShares",
 }  # fmt: skip
+TENANT_ADMIN_CALLS = {"DeleteExperiment"}  # of CHANGES: a writer may not
 RPCS = sorted(READS | CHANGES)
 OK = grpc.StatusCode.OK
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -149,11 +155,13 @@ def expected(role: str, own: bool, rpc: str) -> grpc.StatusCode:
         return OK
     if not own:
         return DENIED
-    return OK if role == "writer" or rpc in READS else DENIED
+    if rpc in READS or role == "tenant-admin":
+        return OK
+    return OK if role == "writer" and rpc not in TENANT_ADMIN_CALLS else DENIED
 
 
 @pytest.mark.parametrize("rpc", RPCS)
-@pytest.mark.parametrize("role", ["reader", "writer", "admin"])
+@pytest.mark.parametrize("role", ["reader", "writer", "tenant-admin", "admin"])
 @pytest.mark.parametrize("target", ["own", "other"])
 def test_every_rpc_by_role_and_tenant(callers: Callable[[str], Caller], rpc: str, role: str, target: str) -> None:
     admin, caller = callers("a-admin"), callers(f"a-{role}")
@@ -177,7 +185,8 @@ def test_every_rpc_by_role_and_tenant(callers: Callable[[str], Caller], rpc: str
         # By its plain name the other tenant's experiment does not exist for this caller.
         plain_request = request_for(rpc, plain, "", batch_id, keys)
         code, details = caller.call(rpc, plain_request)
-        if rpc in READS or (role == "writer" and rpc not in ("CreateExperiment", "RestoreExperiment")):
+        may_call = expected(role, True, rpc) == OK
+        if rpc in READS or (may_call and rpc not in ("CreateExperiment", "RestoreExperiment")):
             assert code == grpc.StatusCode.NOT_FOUND, details
             assert "team-b" not in str(details), details
 
@@ -200,6 +209,7 @@ def test_same_name_in_two_tenants_is_two_experiments(callers: Callable[[str], Ca
 
 def test_list_shows_a_tenant_only_its_own(callers: Callable[[str], Caller]) -> None:
     a, b, admin, reader = callers("a-writer"), callers("b-writer"), callers("a-admin"), callers("a-reader")
+    team_admin = callers("a-tenant-admin")
     mine, theirs = f"mine-{uuid.uuid4().hex[:8]}", f"theirs-{uuid.uuid4().hex[:8]}"
     assert a.call("CreateExperiment", pb.CreateExperimentRequest(name=mine))[0] == OK
     assert b.call("CreateExperiment", pb.CreateExperimentRequest(name=theirs))[0] == OK
@@ -215,7 +225,7 @@ def test_list_shows_a_tenant_only_its_own(callers: Callable[[str], Caller]) -> N
             if not token:
                 return seen
 
-    for caller in (a, reader):
+    for caller in (a, reader, team_admin):  # a tenant's administrator is no platform administrator
         listed = names(caller)
         assert mine in listed and theirs not in listed and f"team-b/{theirs}" not in listed
         assert all("/" not in n for n in listed)
@@ -385,7 +395,7 @@ def test_the_audit_line_names_the_principal(tenant_server: ServerProcess, caller
         experiment=name, batch_id=batch.batch_id, outcomes=[pb.Outcome(key="t", successes=1, trials=1)]  # type: ignore[attr-defined]
     )
     assert writer.call("ReportOutcomes", report)[0] == OK
-    assert writer.call("DeleteExperiment", pb.DeleteExperimentRequest(name=name))[0] == OK
+    assert callers("b-tenant-admin").call("DeleteExperiment", pb.DeleteExperimentRequest(name=name))[0] == OK
     stored = f"team-b/{name}"
     deadline = time.monotonic() + 10
     wanted = ["experiment created", "tasks added", "batch selected", "report applied", "experiment deleted"]
@@ -397,4 +407,5 @@ def test_the_audit_line_names_the_principal(tenant_server: ServerProcess, caller
         time.sleep(0.1)
     for message in wanted:
         line = next(e for e in lines if e["message"] == message)
-        assert line["principal"] == "b-writer@team-b" and line["logger"].startswith("bots_server.audit"), line
+        who = "b-tenant-admin@team-b" if message == "experiment deleted" else "b-writer@team-b"
+        assert line["principal"] == who and line["logger"].startswith("bots_server.audit"), line

@@ -3,9 +3,10 @@
 Every experiment belongs to one tenant. A caller (a principal) has a home
 tenant and a role:
 
-    reader   GetExperiment, ListExperiments, Snapshot, in its tenant
-    writer   and every call that changes its tenant's experiments
-    admin    every call, in every tenant
+    reader        GetExperiment, ListExperiments, Snapshot, ListGroups, in its tenant
+    writer        and every call that trains or changes its tenant's experiments, but deleting one
+    tenant-admin  every call, in its own tenant (DeleteExperiment)
+    admin         every call, in every tenant (the platform's administrator)
 
 Names: a caller names its own tenant's experiments by their plain name
 ("gsm8k-run"); the same plain name in two tenants is two experiments. A name
@@ -39,18 +40,22 @@ class Role(enum.IntEnum):
 
     READER = 1
     WRITER = 2
-    ADMIN = 3
+    TENANT_ADMIN = 3
+    ADMIN = 4
 
     @classmethod
     def parse(cls, text: str) -> Role:
         try:
-            return cls[text.upper()]
+            return cls[text.upper().replace("-", "_")]
         except KeyError:
-            raise ValueError(f"role {text!r} is not one of reader, writer, admin") from None
+            raise ValueError(f"role {text!r} is not one of {ROLE_LABELS}") from None
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        return self.name.lower().replace("_", "-")
+
+
+ROLE_LABELS = ", ".join(r.label for r in Role)
 
 
 @dataclass(frozen=True)

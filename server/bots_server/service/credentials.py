@@ -14,7 +14,7 @@ A TOML file (--credentials-file); tokens are stored only as SHA-256 hashes
     [[principals]]
     name = "alice"                  # shown in audit lines
     tenant = "team-a"
-    role = "writer"                 # reader, writer or admin
+    role = "writer"                 # reader, writer, tenant-admin or admin
     token_sha256 = "9f86d0..."      # hex SHA-256 of the bearer token
 
     [[principals]]
