@@ -59,6 +59,9 @@ class ExperimentsSql(SqlBase):
         limits: TenantLimits | None = None,
     ) -> ExperimentRow:
         n = copy.num_tasks
+        # Encoded before the write begins, as in add_tasks: a write holds
+        # every other writer of an SQLite database.
+        encoded = None if copy.features is None else [json.dumps(f) for f in copy.features]
         try:
             with self._write(abandoned) as conn:
                 self._admit(conn, limits, new_experiment=True, tasks=n)
@@ -88,11 +91,11 @@ class ExperimentsSql(SqlBase):
                         )
                     )
                 else:
-                    assert copy.keys is not None and copy.features is not None
+                    assert copy.keys is not None and encoded is not None
                     groups = copy.groups or [""] * len(copy.keys)
                     rows = (
-                        (experiment_id, i, k, json.dumps(f), g or None)
-                        for i, (k, f, g) in enumerate(zip(copy.keys, copy.features, groups, strict=True))
+                        (experiment_id, i, k, f, g or None)
+                        for i, (k, f, g) in enumerate(zip(copy.keys, encoded, groups, strict=True))
                     )
                     self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
                 self._copy_key_blocks(conn, experiment_id, copy)

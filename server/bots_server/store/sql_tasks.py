@@ -43,6 +43,13 @@ class TasksSql(SqlBase):
     ) -> int:
         total = expected_num_tasks + len(keys)
         groups = groups or [""] * len(keys)
+        # The rows are made before the write begins: on SQLite a write holds
+        # every other writer of the database (other tenants' reports too),
+        # and encoding a large upload's features takes longer than storing them.
+        rows = [
+            (experiment_id, expected_num_tasks + i, key, json.dumps(f), g or None)
+            for i, (key, f, g) in enumerate(zip(keys, features, groups, strict=True))
+        ]
         try:
             with self._write(abandoned) as conn:
                 self._admit(conn, limits, new_experiment=False, tasks=len(keys))
@@ -53,10 +60,6 @@ class TasksSql(SqlBase):
                 ).rowcount
                 if updated != 1:
                     raise StaleStep()
-                rows = (
-                    (experiment_id, expected_num_tasks + i, key, json.dumps(f), g or None)
-                    for i, (key, f, g) in enumerate(zip(keys, features, groups, strict=True))
-                )
                 self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
                 _insert_key_block(conn, experiment_id, expected_num_tasks, keys, groups)
         except exc.IntegrityError as e:
