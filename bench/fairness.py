@@ -44,12 +44,12 @@ FLOOD_TASKS = 250_000
 TOKENS = {"a-writer": "team-a-writer-token-0123456789", "b-writer": "team-b-writer-token-0123456789"}
 
 
-def credentials(path: Path) -> Path:
+def credentials(path: Path, role: str) -> Path:
     from bots_server.service.credentials import hash_token
 
     path.write_text(
         "\n".join(
-            f'[[principals]]\nname = "{who}"\ntenant = "team-{who[0]}"\nrole = "tenant-admin"\n'
+            f'[[principals]]\nname = "{who}"\ntenant = "team-{who[0]}"\nrole = "{role}"\n'
             f'token_sha256 = "{hash_token(token)}"\n'
             for who, token in TOKENS.items()
         )
@@ -155,11 +155,12 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
             "errors": result["errors_total"], "setup_s": result["setup_seconds"]}  # fmt: skip
 
 
-def run_backend(backend: str, floods: list[str], rounds: int, seconds: float, extra: list[str]) -> list[dict[str, Any]]:
+def run_backend(args: argparse.Namespace, backend: str, floods: list[str]) -> list[dict[str, Any]]:
     rows = []
+    rounds, seconds = args.rounds, args.seconds
     with common.database(backend) as url, tempfile.TemporaryDirectory() as tmp:
-        args = ["--credentials-file", str(credentials(Path(tmp) / "credentials.toml")), *extra]
-        server = common.server_process(url, args).start()
+        serve = ["--credentials-file", str(credentials(Path(tmp) / "credentials.toml", args.role)), *args.server_arg]
+        server = common.server_process(url, serve).start()
         try:
             for kind in floods:
                 flood = Flood(server.address, kind)
@@ -193,13 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase (default 20)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument to bots-server serve")
+    parser.add_argument(
+        "--role", default="tenant-admin", help="both teams' role (admin: a server from before tenant-admin existed)"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
     floods = ["uploads", "snapshots"] if args.flood == "both" else [args.flood]
     info = common.machine_info()
     print(common.machine_line(info), flush=True)
-    rows = [row for b in backends for row in run_backend(b, floods, args.rounds, args.seconds, args.server_arg)]
+    rows = [row for b in backends for row in run_backend(args, b, floods)]
     for backend in backends:
         for kind in floods:
             ratios = [r["ratio_p99"] for r in rows if r["backend"] == backend and r["flood"] == kind]
