@@ -303,8 +303,8 @@ def _credentials(settings: ServerSettings) -> tuple[CredentialsFile | None, Call
 # How long a thread holding the GIL may keep it while another waits
 # (CPython's default is 5 ms). The event loop answers every caller; under
 # one tenant's bulk work on worker threads it waits for the GIL at each
-# wake-up, so a shorter slice keeps other tenants' latency low
-# (bench/fairness.py: p99 under a snapshot flood 123 -> 34 ms).
+# wake-up, so a shorter slice keeps other tenants' latency low (see
+# docs/security.md, Fair service).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 

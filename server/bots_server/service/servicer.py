@@ -136,12 +136,16 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                     source = _name(chunk.source, "restore source") if chunk.source else ""
                     await self.core.experiments.refuse_taken(name)
                 await budget.take(chunk, len(chunk.keys))
-                keys.extend(chunk.keys)
-                alpha.extend(chunk.alpha)
-                beta.extend(chunk.beta)
-                features.extend(dict(f.values) for f in chunk.features)
-                retired.extend(chunk.retired)
-                groups.extend(chunk.groups)
+
+                def take(chunk: pb.RestoreExperimentRequest = chunk) -> None:
+                    keys.extend(chunk.keys)
+                    alpha.extend(chunk.alpha)
+                    beta.extend(chunk.beta)
+                    features.extend(dict(f.values) for f in chunk.features)
+                    retired.extend(chunk.retired)
+                    groups.extend(chunk.groups)
+
+                await asyncio.to_thread(take)  # off the event loop, as AddTasks' conversion
             if first is None:
                 raise InvalidArgument("RestoreExperiment: empty stream")
             _check_complete("RestoreExperiment", first, len(keys))
