@@ -314,11 +314,13 @@ async def serve(settings: ServerSettings) -> None:
         server = BotsServer(settings)
     except (DatabaseInUse, UnsupportedDatabase) as e:
         raise SystemExit(f"bots-server: {e}") from None
-    await server.start()
+    # The handlers come first: a SIGTERM while the server starts (a pod
+    # deleted at once) must stop it gracefully once it is up, not kill it.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await server.start()
     loop.add_signal_handler(signal.SIGHUP, server.reload_credentials)
     await stop.wait()
     _exit_unless_stopped_within(settings.shutdown_seconds)
