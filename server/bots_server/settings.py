@@ -162,8 +162,9 @@ SETTINGS = (
         "--tenant-bulk-calls",
         "BOTS_TENANT_BULK_CALLS",
         "1",
-        "how many of one tenant's bulk calls (AddTasks, RestoreExperiment, Snapshot) run at once; the rest queue "
-        "in arrival order, so that one tenant's flood takes one worker, not all of them (0: no bound)",
+        "how many of one tenant's bulk calls (AddTasks, RestoreExperiment, Snapshot) each server process runs at "
+        "once; the rest queue in arrival order, so that one tenant's flood takes one worker, not all of them "
+        "(0: no bound)",
     ),
     Setting(
         "--audit-log",
