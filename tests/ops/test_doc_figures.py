@@ -129,3 +129,10 @@ def test_every_cited_result_file_is_committed() -> None:
             if not (REPO / path).exists():
                 missing.append(f"{page.relative_to(REPO)}: {path}")
     assert not missing, missing
+
+
+def test_the_hostile_input_count_in_the_design_is_the_tests() -> None:
+    from tests.api.test_hostile_input import CASES
+
+    quoted = re.search(r"(\d+) bad requests over raw stubs", page_text(REPO / "docs" / "design.md"))
+    assert quoted is not None and int(quoted.group(1)) == len(CASES), (quoted, len(CASES))
