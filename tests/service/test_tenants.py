@@ -409,3 +409,13 @@ def test_the_audit_line_names_the_principal(tenant_server: ServerProcess, caller
         line = next(e for e in lines if e["message"] == message)
         who = "b-tenant-admin@team-b" if message == "experiment deleted" else "b-writer@team-b"
         assert line["principal"] == who and line["logger"].startswith("bots_server.audit"), line
+
+
+def test_sqlite_shared_by_tenants_warns_at_start(tenant_server: ServerProcess) -> None:
+    """Every write holds an SQLite database: one tenant's large upload
+    stalls the others' reports, so the operator is told at start."""
+    warned = [m for m in tenant_server.messages() if "share this server on SQLite" in m]
+    if tenant_server.db_url.startswith("sqlite"):
+        assert warned and warned[0].startswith("2 tenants"), tenant_server.messages()[:5]
+    else:
+        assert not warned

@@ -129,6 +129,14 @@ class BotsServer:
         )
         self.credentials_file, credentials = _credentials(settings)
         self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)
+        tenants = len(credentials().tenants) if credentials is not None else 0
+        if tenants > 1 and settings.db.startswith("sqlite"):
+            log.warning(
+                "%d tenants share this server on SQLite, where every write holds the whole database: one "
+                "tenant's large upload stalls the others' reports; run a shared server on PostgreSQL "
+                "(docs/security.md, Fair service)",
+                tenants,
+            )
         default_quotas = _default_quotas(settings)
         self.selector = SelectorService(
             self.store,
