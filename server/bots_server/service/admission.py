@@ -104,9 +104,9 @@ class Admission:
     async def holding(self, tenant: str, method: str) -> AsyncIterator[Charge]:
         """The tenant's turn, then a charge that grows as the call takes
         memory; both released when the call ends."""
-        async with contextlib.AsyncExitStack() as turn:
-            if self.budgets.tenant_calls is not None:
-                await turn.enter_async_context(self._turns.setdefault(tenant, asyncio.Semaphore(self.budgets.tenant_calls)))
+        calls = self.budgets.tenant_calls
+        turn = contextlib.nullcontext() if calls is None else self._turns.setdefault(tenant, asyncio.Semaphore(calls))
+        async with turn:
             charge = Charge(self, tenant, method)
             try:
                 yield charge
