@@ -130,6 +130,15 @@ class SelectedBatch:
     indices: tuple[int, ...]
 
 
+def mean_signals(signals: Iterable[CurriculumSignals]) -> dict[str, float]:
+    """The mean of each curriculum signal over `signals` (empty: {})."""
+    sums: dict[str, list[float]] = {}
+    for s in signals:
+        for name, value in s.as_dict().items():
+            sums.setdefault(name, []).append(value)
+    return {name: sum(values) / len(values) for name, values in sums.items()}
+
+
 def distributed_rank_and_world() -> tuple[int, int]:
     """This process's (rank, world size): torch.distributed if it is
     initialised (never imported here), else the RANK / WORLD_SIZE variables
@@ -391,6 +400,26 @@ class Curriculum:
         if missing:
             client.add_tasks(self.experiment, (self._task(i) for i in missing))
             log.info("added %d tasks to experiment %r", len(missing), self.experiment)
+
+    def prepare_first_draw(self, number: int, how_to_continue: str) -> None:
+        """Set the experiment up before a loader's first draw, batch `number`.
+        A new run (no checkpoint loaded, `resume` unset) starting at batch 0
+        is refused on an experiment with reported steps
+        (`ExperimentInUseError`, its message ending with `how_to_continue`);
+        its open batches at step 0 are this run's own first draws before a
+        restart, drawn again under the same request keys, so they pass."""
+        if not self.resume and number == 0:
+            try:
+                step = self.client.get_experiment(self.experiment).step
+            except NotFoundError:
+                step = 0
+            if step > 0:
+                try:
+                    self.ensure_ready()  # raises: another config, or a run with progress
+                except ExperimentInUseError as e:
+                    raise ExperimentInUseError(f"{e.message}. {how_to_continue}") from None
+        self.resume = True
+        self.ensure_ready()
 
     def _task(self, i: int) -> Task:
         features = {} if self.features is None else dict(self.features[i])

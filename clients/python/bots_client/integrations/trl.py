@@ -61,6 +61,7 @@ from bots_client.integrations._core import (
     UnattributedOutcomesError,
     aggregate_outcomes,
     lazy_class,
+    mean_signals,
     merge_outcomes,
     torch_sampler,
 )
@@ -329,11 +330,7 @@ class BotsGRPO:
         """The mean of each curriculum signal over the batches reported since
         the last call (empty when none was)."""
         signals, self._signals[:] = list(self._signals), []
-        sums: dict[str, list[float]] = {}
-        for s in signals:
-            for name, value in s.as_dict().items():
-                sums.setdefault(name, []).append(value)
-        return {name: sum(values) / len(values) for name, values in sums.items()}
+        return mean_signals(signals)
 
     # -- rewards ----------------------------------------------------------------------
 

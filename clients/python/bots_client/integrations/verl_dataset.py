@@ -59,7 +59,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from bots_client.errors import ExperimentInUseError, NotFoundError
 from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
@@ -167,30 +166,15 @@ class DatasetBatches:
         return selected
 
     def _prepare(self, number: int) -> None:
-        """Set the experiment up before the first draw. A new run (no
-        checkpoint loaded, `resume` unset) starting at batch 0 is refused on
-        an experiment with reported steps (`ExperimentInUseError`); its open
-        batches at step 0 are this run's own first draws before a restart,
-        drawn again under the same request keys, so they pass."""
+        """Set the experiment up before the first draw (`Curriculum.prepare_first_draw`)."""
         if self._prepared:
             return
-        cur = self.curriculum
-        if not cur.resume and number == 0:
-            try:
-                step = cur.client.get_experiment(cur.experiment).step
-            except NotFoundError:
-                step = 0
-            if step > 0:
-                try:
-                    cur.ensure_ready()  # raises: another config, or a run with progress
-                except ExperimentInUseError as e:
-                    raise ExperimentInUseError(
-                        f"{e.message}. In verl: let verl load this run's checkpoint (trainer.resume_mode=auto or "
-                        "resume_path; its data.pt carries this dataset's state), set +data.bots.resume=true to "
-                        "continue without one (with a request_prefix of its own), or name a new experiment"
-                    ) from None
-        cur.resume = True
-        cur.ensure_ready()
+        self.curriculum.prepare_first_draw(
+            number,
+            "In verl: let verl load this run's checkpoint (trainer.resume_mode=auto or resume_path; its data.pt "
+            "carries this dataset's state), set +data.bots.resume=true to continue without one (with a "
+            "request_prefix of its own), or name a new experiment",
+        )
         self._prepared = True
 
     # -- reporting --------------------------------------------------------------------
