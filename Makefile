@@ -86,12 +86,31 @@ $(VERL09_STAMP): $(PYPROJECTS) $(VERL09_CONSTRAINTS)
 	  torchdata tensorboard cachetools -e clients/python -e .
 	@touch $@
 
-test-frameworks: $(FRAMEWORKS_STAMP) $(VERL09_STAMP)
+# OpenRLHF 0.11 in a fourth: it pins transformers 5.15, ray 2.55 and
+# deepspeed 0.19.6. openrlhf goes in without its dependencies (it requires
+# flash-attn, a CUDA build; the tests stand in for it and for vLLM), the
+# rest from exact pins.
+OPENRLHF_VENV := .venv-openrlhf
+OPENRLHF_CONSTRAINTS := tests/integrations/openrlhf-constraints.txt
+OPENRLHF_STAMP := $(OPENRLHF_VENV)/.installed
+
+$(OPENRLHF_STAMP): $(PYPROJECTS) $(OPENRLHF_CONSTRAINTS)
+	@echo "== installing OpenRLHF 0.11.2 (ray, deepspeed, transformers 5.15) into $(OPENRLHF_VENV)"
+	$(PYTHON) -m venv $(OPENRLHF_VENV)
+	DS_BUILD_OPS=0 $(OPENRLHF_VENV)/bin/python -m pip install --disable-pip-version-check --no-compile \
+	  -c $(OPENRLHF_CONSTRAINTS) -r $(OPENRLHF_CONSTRAINTS) greenlet pytest pytest-asyncio \
+	  -e clients/python -e .
+	$(OPENRLHF_VENV)/bin/python -m pip install --disable-pip-version-check --no-compile --no-deps openrlhf==0.11.2
+	@touch $@
+
+test-frameworks: $(FRAMEWORKS_STAMP) $(VERL09_STAMP) $(OPENRLHF_STAMP)
 	BOTS_EXPECT_VERL=1 BOTS_TEST_REQUIRED_FRAMEWORKS=verl,trinity,torch,torchdata,tensorboard \
 	  $(FRAMEWORKS_VENV)/bin/python -m pytest -p no:cacheprovider \
 	  tests/integrations/test_verl.py tests/integrations/test_trinity.py
 	BOTS_TEST_REQUIRED_FRAMEWORKS=verl,ray,transfer_queue,torch,torchdata,tensorboard \
 	  $(VERL09_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_verl_dataset.py
+	BOTS_TEST_REQUIRED_FRAMEWORKS=openrlhf,ray,tensorboard \
+	  $(OPENRLHF_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_openrlhf.py
 
 # The lint gate (.ci/run runs it before the tests). No `ruff format --check`:
 # the tree is not formatted that way.
@@ -161,4 +180,4 @@ else
 endif
 
 clean:
-	rm -rf $(VENV) $(FRAMEWORKS_VENV) $(VERL09_VENV)
+	rm -rf $(VENV) $(FRAMEWORKS_VENV) $(VERL09_VENV) $(OPENRLHF_VENV)

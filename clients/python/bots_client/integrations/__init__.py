@@ -9,6 +9,9 @@ torch:
   resumable). Extra: `bots-client[torch]`.
 - `bots_client.integrations.verl`: `BotsCurriculumSampler`, for verl's
   `data.sampler.class_path` / `class_name`. Extra: `bots-client[verl]`.
+- `bots_client.integrations.openrlhf`: a launcher for OpenRLHF 0.11's
+  `train_ppo_ray` whose trainer draws every rollout batch from the service
+  and reports it, dynamic filtering included.
 - `bots_client.integrations.trl`: `BotsGRPO`, a sampler override and a
   reward-function wrapper for TRL's `GRPOTrainer`. Extra: `bots-client[trl]`.
 - `bots_client.integrations.trinity`: `BotsSelector`, a Trinity-RFT data

@@ -1,0 +1,1 @@
+"""The names OpenRLHF 0.11 imports from flash-attn at module level (see ../README.md)."""

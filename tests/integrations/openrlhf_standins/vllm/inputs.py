@@ -1,0 +1,3 @@
+from typing import Any
+
+TokensPrompt = dict[str, Any]
