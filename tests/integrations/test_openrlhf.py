@@ -24,19 +24,21 @@ from them at module level.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import runpy
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import bots_client
 from bots_client.integrations._core import Curriculum
-from bots_client.integrations.openrlhf import OPTIONS_ENV, PromptStream, _bots_options, build_stream, main, task_key
+from bots_client.integrations.openrlhf import PromptStream, _bots_options, build_stream, main, task_key
 from tests.integrations.conftest import EXACT, counts, need
 
 N_TASKS = 12
@@ -282,7 +284,7 @@ def openrlhf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         ray = need("ray")
         root = str(Path(__file__).parents[2])
         paths = os.pathsep.join([root, str(STANDINS), os.environ.get("PYTHONPATH", "")])
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": paths}})
+        ray.init(num_cpus=8, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": paths}})
         try:
             yield ray
         finally:
@@ -292,24 +294,42 @@ def openrlhf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 class ModelGroup:
-    """Stands in for OpenRLHF's actor model group: no model; `fit` is
-    recorded (and can crash), a checkpoint keeps the client states."""
+    """Stands in for OpenRLHF's actor model group (no model): zero log-probs
+    for the experience maker, a recorded `fit` (which can crash), and a
+    checkpoint of the client states. It keeps its records in files, so it
+    works the same in this process and in OpenRLHF's asynchronous training
+    actor."""
 
-    def __init__(self, ray: Any, ckpt: Path, crash_at_fit: int | None = None) -> None:
-        self.ray, self.ckpt, self.crash_at_fit = ray, ckpt / "_actor", crash_at_fit
-        self.trained: list[list[str]] = []
-        self.fits = 0
+    def __init__(self, path: Path, crash_at_fit: int | None = None) -> None:
+        self.ckpt, self.log, self.crash_at_fit = path / "ckpt" / "_actor", path / "trained.jsonl", crash_at_fit
 
-    def async_run_method_batch(self, method_name: str, experience: list[Any]) -> list[Any]:
+    @property
+    def trained(self) -> list[list[str]]:
+        """The prompts of every rollout each training step appended."""
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [json.loads(line) for line in lines]
+
+    def async_run_method_batch(self, method_name: str, **kwargs: Any) -> list[Any]:
+        import ray
+        import torch
+
+        if method_name == "forward":  # action log-probs, one tensor a sample
+            return [ray.put([torch.zeros(m.shape, dtype=torch.float32) for m in kwargs["action_mask"]])]
         assert method_name == "append"
-        self.trained.append(sorted(p for e in experience for p in e.prompts))
+        with self.log.open("a") as f:
+            f.write(json.dumps(sorted(p for e in kwargs["experience"] for p in e.prompts)) + "\n")
         return []
 
     def async_run_method(self, method_name: str, **kwargs: Any) -> list[Any]:
+        import ray
+
         result: Any = None
         if method_name == "fit":
-            self.fits += 1
-            if self.fits == self.crash_at_fit:
+            fits = self.ckpt.parent / "fits"
+            fits.parent.mkdir(parents=True, exist_ok=True)
+            n = int(fits.read_text()) + 1 if fits.exists() else 1
+            fits.write_text(str(n))
+            if n == self.crash_at_fit:
                 raise RuntimeError("crash after the report, before the checkpoint")
             result = {"policy_loss": 0.0}
         elif method_name == "save_checkpoint":
@@ -317,18 +337,11 @@ class ModelGroup:
             (self.ckpt / "states.pkl").write_bytes(pickle.dumps(kwargs["client_states"]))
         elif method_name == "get_checkpoint_states":
             result = pickle.loads((self.ckpt / "states.pkl").read_bytes())
-        return [self.ray.put(result)]
-
-
-class Rollouts:
-    """Stands in for the experience maker: the rollouts as they come."""
-
-    def make_experience_batch(self, samples: list[Any]) -> list[Any]:
-        return samples
+        return [ray.put(result)]
 
 
 def engine_class(ray: Any) -> Any:
-    @ray.remote
+    @ray.remote(num_cpus=0)
     class Engine:
         """Stands in for OpenRLHF's vLLM engine actor: echoes the prompt and
         scores rollout j of the task labelled i by the fixed verifier."""
@@ -353,8 +366,6 @@ def engine_class(ray: Any) -> Any:
 
 def data_files(tmp_path: Path, n: int = 24) -> str:
     """Two JSONL files (two datasources), as `--data.prompt_dataset a,b`."""
-    import json
-
     paths = []
     for source, part in (("gsm8k", range(0, n, 2)), ("math", range(1, n, 2))):
         path = tmp_path / f"{source}.jsonl"
@@ -365,25 +376,27 @@ def data_files(tmp_path: Path, n: int = 24) -> str:
 
 
 def run_openrlhf(
-    ray: Any, tmp_path: Path, experiment: str, address: str, *, filtering: bool = False, resume: bool = False,
-    crash_at_fit: int | None = None, crash_at_report: int | str | None = None,
+    ray: Any, path: Path, experiment: str, address: str, *, filtering: bool = False, resume: bool = False,
+    asynchronous: bool = False, crash_at_fit: int | None = None, crash_at_report: int | str | None = None,
 ) -> ModelGroup:  # fmt: skip
-    """OpenRLHF's synchronous trainer, built and run as `train_ppo_ray`
-    builds and runs it (in this process instead of a Ray actor)."""
+    """OpenRLHF's trainer, built and run as `train_ppo_ray` builds and runs
+    it, with the launcher's options (in this process instead of a Ray actor;
+    the asynchronous trainer starts its own generator and training actors)."""
     from openrlhf.utils.deepspeed import DeepspeedStrategy
 
     from bots_client.integrations import openrlhf as bots_openrlhf
     from tests.integrations.test_verl import tiny_tokenizer_dir
 
-    model = tmp_path / "model"
+    path.mkdir(parents=True, exist_ok=True)
+    model = path / "model"
     if not model.exists():
         tiny_tokenizer_dir(model)
     argv = [
-        "--actor.model_name_or_path", str(model), "--data.prompt_dataset", data_files(tmp_path),
+        "--actor.model_name_or_path", str(model), "--data.prompt_dataset", data_files(path),
         "--data.input_key", "input", "--data.label_key", "label", "--reward.remote_url", "reward.py",
         "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", str(N_ROLLOUTS), "--train.batch_size", "12",
-        "--ckpt.path", str(tmp_path / "ckpt"), "--ckpt.save_steps", "1",
-        "--logger.tensorboard_dir", str(tmp_path / "tb"),
+        "--algo.advantage.estimator", "group_norm", "--ckpt.path", str(path / "ckpt"), "--ckpt.save_steps", "1",
+        "--logger.tensorboard_dir", str(path / "tb"),
     ]  # fmt: skip
     if filtering:
         # Six prompts a vLLM call (OpenRLHF keeps the surplus for the next
@@ -392,18 +405,26 @@ def run_openrlhf(
                  "--rollout.vllm_generate_batch_size", "6"]  # fmt: skip
     if resume:
         argv += ["--ckpt.load_enable"]
+    if asynchronous:
+        argv += ["--train.async_enable", "--train.async_queue_size", "2"]
     args = openrlhf_args(argv)
     config = {"strategy": EXACT.strategy, "forgetting": 0.0, "implicit_weight": 0.0, "seed": 7}
-    os.environ[OPTIONS_ENV] = f'{{"address": "{address}", "experiment": "{experiment}", "experiment_config": ' + (
-        __import__("json").dumps(config) + "}"
-    )
-    group = ModelGroup(ray, tmp_path / "ckpt", crash_at_fit)
+    options = {"address": address, "experiment": experiment, "experiment_config": config}
+    group = ModelGroup(path, crash_at_fit)
     engine = engine_class(ray)
-    trainer = bots_openrlhf.BotsPPOTrainer(
-        str(model), DeepspeedStrategy(seed=args.train.seed, args=args), group, None, None, None,
-        [engine.remote(), engine.remote()], do_sample=True, max_len=64, max_new_tokens=8, temperature=1.0, top_p=1.0,
+    trainer_class = bots_openrlhf.BotsPPOTrainerAsync if asynchronous else bots_openrlhf.BotsPPOTrainer
+    strategy = DeepspeedStrategy(seed=args.train.seed, args=args)
+    trainer = bots_openrlhf._WithOptions(SimpleNamespace(remote=trainer_class), options).remote(
+        str(model), strategy, group, None, None, None, [engine.remote(), engine.remote()],
+        do_sample=True, max_len=64, max_new_tokens=8, temperature=1.0, top_p=1.0,
     )  # fmt: skip
-    trainer.experience_maker = Rollouts()
+    if asynchronous:
+        try:
+            trainer.fit()
+        finally:  # a crashed run's generator waits on a full queue
+            ray.kill(trainer.generator_actor)
+            ray.kill(trainer.trainer_actor)
+        return group
     stream = trainer.prompts_dataloader
     if crash_at_report is not None:
         report, calls, half = stream.report_finished, [0], [False]
@@ -439,10 +460,11 @@ def trained_counts(group: ModelGroup) -> dict[str, tuple[float, float]]:
     return out
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["PPOTrainer", "PPOTrainerAsync"])
 def test_real_openrlhf_draws_and_reports_every_batch_once(
-    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str
+    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str, asynchronous: bool
 ) -> None:
-    group = run_openrlhf(openrlhf, tmp_path, exp_name, address)
+    group = run_openrlhf(openrlhf, tmp_path, exp_name, address, asynchronous=asynchronous)
     exp = client.get_experiment(exp_name)
     assert (exp.step, exp.open_batches) == (6, 0)  # 24 prompts / 4 a batch, one episode; the last draws nothing ahead
     assert len(group.trained) == 6 and all(len(step) == 4 * N_ROLLOUTS for step in group.trained)
@@ -452,7 +474,8 @@ def test_real_openrlhf_draws_and_reports_every_batch_once(
 
     (events,) = {p.parent for p in (tmp_path / "tb").rglob("events.out.tfevents.*")}
     tags = EventAccumulator(str(events)).Reload().Tags()["scalars"]
-    assert any(t.endswith("curriculum/informative_fraction") for t in tags), tags  # in OpenRLHF's own logs
+    has_signals = any(t.endswith("curriculum/informative_fraction") for t in tags)
+    assert has_signals != asynchronous, tags  # in OpenRLHF's own logs (the training actor's, when synchronous)
 
 
 def test_real_openrlhf_with_dynamic_filtering_reports_the_filtered_groups(
@@ -473,38 +496,46 @@ def test_real_openrlhf_with_dynamic_filtering_reports_the_filtered_groups(
 
 @pytest.mark.parametrize(
     "crash",
-    ["after the report", "before the report", "before the report of a half-drawn batch"],
+    ["after the report", "before the report", "before the report of a half-drawn batch", "async, in training"],
 )
 def test_real_openrlhf_resumes_from_its_checkpoint_exactly_once(
     openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str, crash: str
 ) -> None:
-    filtering = "half-drawn" in crash
-    run_openrlhf(openrlhf, tmp_path / "whole", exp_name + "-whole", address, filtering=filtering)
+    """Crashed, then resumed from OpenRLHF's checkpoint: the server ends with
+    an uninterrupted run's counts. Asynchronously the generator ran ahead of
+    the crashed step: its batches were reported, and are drawn again (the
+    same tasks) and trained on once."""
+    mode = {"filtering": "half-drawn" in crash, "asynchronous": crash.startswith("async")}
+    run_openrlhf(openrlhf, tmp_path / "whole", exp_name + "-whole", address, **mode)
     crashed = tmp_path / "crashed"
-    points = {"after the report": {"crash_at_fit": 3}, "before the report": {"crash_at_report": 3},
-              "before the report of a half-drawn batch": {"crash_at_report": "half"}}[crash]  # fmt: skip
-    with pytest.raises(RuntimeError, match="crash"):
-        run_openrlhf(openrlhf, crashed, exp_name, address, filtering=filtering, **points)
-    if filtering:
+    point = {"after the report": {"crash_at_fit": 3}, "before the report": {"crash_at_report": 3},
+             "before the report of a half-drawn batch": {"crash_at_report": "half"},
+             "async, in training": {"crash_at_fit": 3}}[crash]  # fmt: skip
+    with pytest.raises(Exception, match="crash"):
+        run_openrlhf(openrlhf, crashed, exp_name, address, **mode, **point)  # type: ignore[arg-type]
+    if mode["filtering"]:
         states = pickle.loads((crashed / "ckpt" / "_actor" / "states.pkl").read_bytes())
         assert "position" in states["data_loader_state_dict"]  # the checkpoint holds a half-drawn batch
-    run_openrlhf(openrlhf, crashed, exp_name, address, filtering=filtering, resume=True)
+    group = run_openrlhf(openrlhf, crashed, exp_name, address, resume=True, **mode)
     for name in (exp_name, exp_name + "-whole"):
         exp = client.get_experiment(name)
         assert (exp.step, exp.open_batches) == (6, 0), name
     assert counts(client, exp_name) == counts(client, exp_name + "-whole")
+    if not mode["filtering"]:
+        # The crashed step's rollouts reached the model group before its fit crashed.
+        assert len(group.trained) == 6 + ("crash_at_fit" in point)
 
 
 def test_real_openrlhf_settings_that_would_lose_a_reward_are_refused_at_start(
     openrlhf: Any, tmp_path: Path, address: str, exp_name: str
 ) -> None:
-    options = {"address": address, "experiment": exp_name}
     base = ["--data.prompt_dataset", data_files(tmp_path), "--rollout.batch_size", "4"]
+    args = openrlhf_args(base)
+    args.bots = {"address": address, "experiment": exp_name}
     with pytest.raises(ValueError, match="needs each rollout's score when it is generated"):
-        build_stream([], openrlhf_args(base), options)  # a reward model scores after the batch
-    with pytest.raises(ValueError, match="--train.async_enable is not supported"):
-        build_stream([], openrlhf_args([*base, "--reward.remote_url", "r.py", "--train.async_enable"]), options)
-    with pytest.raises(SystemExit, match="--train.async_enable is not supported"):
-        main(["--bots.address", address, "--bots.experiment", exp_name, "--train.async_enable"])
+        build_stream([], args)  # a reward model scores after the batch
+    args.bots["key"] = "id"
     with pytest.raises(ValueError, match="unknown --bots options"):
-        build_stream([], openrlhf_args(base), {**options, "key": "id"})
+        build_stream([], args)
+    with pytest.raises(ValueError, match="needs --bots.address and --bots.experiment"):
+        main(["--bots.address", address, "--train.async_enable"])

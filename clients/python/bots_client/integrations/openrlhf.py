@@ -15,13 +15,18 @@ objects in OpenRLHF's own trainers and changes nothing else:
   batch has come back, reports the batch in the background, so the report
   overlaps the training step and the next `select` waits for it.
 
-The synchronous `PPOTrainer` gets them (`BotsPPOTrainer`, which also adds
-the curriculum signals to each step's logs). `--train.async_enable`
-(`PPOTrainerAsync`) is refused at start: its generator actor would own the
-stream, and that path is not tested against OpenRLHF yet.
+Both trainers get them. `BotsPPOTrainer` (synchronous) also adds the
+curriculum signals to each step's logs. Under `BotsPPOTrainerAsync`
+(`--train.async_enable`) the generator actor owns the stream and runs up to
+`--train.async_queue_size` batches ahead of the training actor. It reports
+each batch as soon as it is generated and before it draws the next, so
+every selection is made from the posterior after every earlier batch. What
+is stale is the policy that rolls a batch out, by at most
+`async_queue_size` steps, a bound the user sets.
 
 Run OpenRLHF through this module's launcher: the same arguments, plus the
-service's (or BOTS_ADDRESS / BOTS_EXPERIMENT):
+service's (or BOTS_ADDRESS / BOTS_EXPERIMENT). The options reach every
+actor in `strategy.args.bots`:
 
     python -m bots_client.integrations.openrlhf \\
         --bots.address bots.internal:50051 --bots.experiment qwen-math-run-7 \\
@@ -49,7 +54,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -65,8 +69,9 @@ from bots_client.integrations._core import (
 from bots_client.types import ExperimentConfig
 
 __all__ = [
-    "OPTIONS_ENV",
+    "BotsGenerateSamplesActor",
     "BotsPPOTrainer",
+    "BotsPPOTrainerAsync",
     "BotsSamplesGenerator",
     "PromptStream",
     "main",
@@ -75,14 +80,6 @@ __all__ = [
 
 log = logging.getLogger("bots_client.integrations.openrlhf")
 
-# The launcher's --bots.* options, as JSON, for the Ray actors that build the
-# stream (a local Ray cluster's workers inherit the launcher's environment; on
-# a remote one pass it in the job's runtime_env).
-OPTIONS_ENV = "BOTS_OPENRLHF"
-ASYNC_REFUSED = (
-    "the OpenRLHF integration runs the synchronous PPOTrainer only: --train.async_enable is not supported yet "
-    "(its generator actor would own the prompt stream; it is not tested against OpenRLHF's asynchronous trainer)"
-)
 OPTIONS = ("address", "experiment", "experiment_config", "success_threshold", "request_prefix", "resume")
 
 
@@ -317,22 +314,15 @@ class PromptStream:
 # -- OpenRLHF --------------------------------------------------------------------------
 
 
-def options_from_env() -> dict[str, Any]:
-    """The launcher's --bots.* options (OPTIONS_ENV), else none."""
-    raw = os.environ.get(OPTIONS_ENV)
-    return json.loads(raw) if raw else {}
-
-
-def build_stream(dataset: Any, args: Any, options: Mapping[str, Any] | None = None) -> PromptStream:
+def build_stream(dataset: Any, args: Any) -> PromptStream:
     """A PromptStream over OpenRLHF's `PromptDataset` for the run `args`
-    describes; refuses at start what would lose or misfile a reward."""
-    options = options_from_env() if options is None else options
+    describes (the service's options in `args.bots`, which the launcher
+    sets); refuses at start what would lose or misfile a reward."""
+    options: Mapping[str, Any] = getattr(args, "bots", None) or {}
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown --bots options {unknown}; known: {list(OPTIONS)}")
     address, experiment = address_and_experiment(options, "the OpenRLHF integration", "--bots.")
-    if getattr(args.train, "async_enable", False):
-        raise ValueError(ASYNC_REFUSED)
     if not (getattr(args.reward, "remote_url", None) or getattr(args.train, "agent_func_path", None)):
         raise ValueError(
             "the OpenRLHF integration needs each rollout's score when it is generated: set --reward.remote_url "
@@ -343,8 +333,7 @@ def build_stream(dataset: Any, args: Any, options: Mapping[str, Any] | None = No
     config.setdefault("rollouts_per_task", n)
     rows = [dataset[i] for i in range(len(dataset))]
     keys = [task_key(ds, prompt, label) for ds, prompt, label, _ in rows]
-    first = {k: i for i, k in reversed(list(enumerate(keys)))}
-    unique = sorted(first.values())
+    unique = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())  # first row of each key
     curriculum = Curriculum(
         str(address),
         str(experiment),
@@ -419,15 +408,54 @@ class _BotsPPOTrainer:
         return status, step
 
 
+class _BotsGenerateSamplesActor:
+    """OpenRLHF's asynchronous generator actor with the service's prompt
+    stream: it reports each batch right after generating it, before it
+    draws the next, so the training actor's queue holds reported batches."""
+
+    samples_generator: Any
+
+    def __init__(self, pretrain: str, strategy: Any, vllm_engines: Any, **kwargs: Any) -> None:
+        super().__init__(pretrain, strategy, vllm_engines, **kwargs)  # type: ignore[call-arg]
+        _use_stream(self, strategy, self.samples_generator.tokenizer, vllm_engines)
+
+
+class _BotsPPOTrainerAsync:
+    """OpenRLHF's PPOTrainerAsync with `BotsGenerateSamplesActor` as its
+    generator. PPOTrainerAsync names the generator's class as a global of its
+    module; this sets it, in the process that builds the trainer, first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import ray
+        from openrlhf.trainer import ppo_trainer_async
+
+        ppo_trainer_async.GenerateSamplesActor = ray.remote(__getattr__("BotsGenerateSamplesActor"))
+        super().__init__(*args, **kwargs)
+
+
 def _openrlhf_original(name: str) -> type:
     """OpenRLHF's class `name` (the plain class under its @ray.remote)."""
-    if name == "SamplesGenerator":
-        from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from openrlhf.trainer import ppo_trainer, ppo_trainer_async
+    from openrlhf.trainer.ppo_utils import samples_generator
 
-        return SamplesGenerator
-    from openrlhf.trainer.ppo_trainer import PPOTrainer
+    for module in (samples_generator, ppo_trainer, ppo_trainer_async):
+        if hasattr(module, name):
+            found = getattr(module, name)
+            return getattr(found, "__ray_actor_class__", found)
+    raise AttributeError(name)
 
-    return PPOTrainer.__ray_actor_class__
+
+class _WithOptions:
+    """A trainer's Ray actor class that hands the --bots.* options to the
+    trainer inside `strategy.args.bots`: the strategy travels to every actor
+    OpenRLHF starts (the asynchronous generator too), on any Ray cluster."""
+
+    def __init__(self, actor_class: Any, options: Mapping[str, Any]) -> None:
+        self.actor_class, self.options = actor_class, dict(options)
+
+    def remote(self, pretrain: str, strategy: Any, *args: Any, **kwargs: Any) -> Any:
+        strategy.args.bots = self.options
+        return self.actor_class.remote(pretrain, strategy, *args, **kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -436,15 +464,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     import runpy
 
     import ray
-    from openrlhf.trainer import ppo_trainer
+    from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 
     args = list(sys.argv[1:] if argv is None else argv)
     options, rest = _bots_options(args)
-    if "--train.async_enable" in rest:
-        raise SystemExit(ASYNC_REFUSED)
     address_and_experiment(options, "the OpenRLHF integration", "--bots.")  # fail before Ray starts
-    os.environ[OPTIONS_ENV] = json.dumps(options)
-    ppo_trainer.PPOTrainer = ray.remote(__getattr__("BotsPPOTrainer"))
+    ppo_trainer.PPOTrainer = _WithOptions(ray.remote(__getattr__("BotsPPOTrainer")), options)
+    ppo_trainer_async.PPOTrainerAsync = _WithOptions(ray.remote(__getattr__("BotsPPOTrainerAsync")), options)
     sys.argv = ["openrlhf.cli.train_ppo_ray", *rest]
     runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
 
@@ -476,17 +502,26 @@ def _bots_options(args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     return options, rest
 
 
+_CLASSES = {
+    "BotsSamplesGenerator": (_BotsSamplesGenerator, "SamplesGenerator"),
+    "BotsPPOTrainer": (_BotsPPOTrainer, "PPOTrainer"),
+    "BotsGenerateSamplesActor": (_BotsGenerateSamplesActor, "GenerateSamplesActor"),
+    "BotsPPOTrainerAsync": (_BotsPPOTrainerAsync, "PPOTrainerAsync"),
+}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "BotsSamplesGenerator":
-        return lazy_class(__name__, name, _BotsSamplesGenerator, lambda: _openrlhf_original("SamplesGenerator"))
-    if name == "BotsPPOTrainer":
-        return lazy_class(__name__, name, _BotsPPOTrainer, lambda: _openrlhf_original("PPOTrainer"))
+    if name in _CLASSES:
+        implementation, base = _CLASSES[name]
+        return lazy_class(__name__, name, implementation, lambda: _openrlhf_original(base))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if TYPE_CHECKING:
     BotsSamplesGenerator = _BotsSamplesGenerator
     BotsPPOTrainer = _BotsPPOTrainer
+    BotsGenerateSamplesActor = _BotsGenerateSamplesActor
+    BotsPPOTrainerAsync = _BotsPPOTrainerAsync
 
 
 if __name__ == "__main__":
