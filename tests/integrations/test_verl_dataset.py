@@ -513,8 +513,10 @@ def test_real_verl_sync_trainer_draws_and_reports_every_batch(
     assert any(0 < s < N_ROLLOUTS for s, _ in expected.values())
     assert {k.split(":")[0] for k in expected} == set(SOURCES)  # keys data_source:index, both files
     scalars = read_scalars(tmp_path / "tb")  # verl's own Tracking wrote them, at verl's steps
-    assert [step for step, _ in scalars["curriculum/server_step"]] == list(range(1, 7))
-    assert [v for _, v in scalars["curriculum/server_step"]] == [float(s) for s in range(1, 7)]
+    # Each step's report runs while the step trains: its signals reach the
+    # metrics of the step in which it is done, the next one.
+    assert [step for step, _ in scalars["curriculum/server_step"]] == list(range(2, 7))
+    assert [v for _, v in scalars["curriculum/server_step"]] == [float(s) for s in range(1, 6)]
     assert "curriculum/batch_success_rate" in scalars and "critic/score/mean" in scalars
     assert [step for step, _ in scalars["val-core/openai/gsm8k/acc/mean@1"]] == [0]  # validation ran, not drawn
     assert run.workers.saved == list(range(1, 7))
@@ -706,3 +708,23 @@ def test_real_verl_legacy_trainer_reports_through_on_batch_end(
     got = counts(client, exp_name)
     expected = expected_counts(drawn[:1] + resumed[:-1])
     assert {k: got[k] for k in expected} == expected
+
+
+def test_real_verl_background_reports_draw_the_batches_of_synchronous_ones(
+    transfer_queue: Any, address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
+) -> None:
+    """The report off the critical path (the default) changes nothing the
+    trainer sees: the same batches in the same order, the same posterior,
+    bit for bit, as reporting before the step trains."""
+    runs = {}
+    for background in (True, False):
+        name = f"{exp_name}-{background}"
+        run = Run(trainer_config(tmp_path / name, address, name, background_report=background))
+        run.fit()
+        runs[background] = run
+    assert [keys for _, keys in runs[True].drawn] == [keys for _, keys in runs[False].drawn]
+    assert len(runs[True].drawn) == 6
+    background, synchronous = (client.snapshot(f"{exp_name}-{b}") for b in (True, False))
+    assert background.keys == synchronous.keys
+    assert background.alpha.tobytes() == synchronous.alpha.tobytes()
+    assert background.beta.tobytes() == synchronous.beta.tobytes()

@@ -51,6 +51,7 @@ no framework.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import logging
 import sys
@@ -151,6 +152,7 @@ class DatasetBatches:
     def draw(self, number: int) -> SelectedBatch:
         """Draw batch `number` (and make it the next block's batch)."""
         cur = self.curriculum
+        cur.wait()  # the report running in the background closes its batch
         earlier = [b.number for b in cur.open_batches if b.number < number]
         if earlier:
             raise UnreportedBatchError(
@@ -187,6 +189,7 @@ class DatasetBatches:
         *,
         success_threshold: float | None = 0.5,
         where: str = "report",
+        background: bool = False,
     ) -> list[CurriculumSignals]:
         """Report rollouts, one per element: `numbers[i]` is the batch rollout
         i's prompt came from (its row's `bots_batch`), `keys[i]` its task key,
@@ -195,7 +198,13 @@ class DatasetBatches:
         (reported already, or never drawn here), raises
         UnattributedOutcomesError before anything is sent (with `strict`
         off, the curriculum drops and counts such outcomes instead).
-        Returns the signals of each batch reported (not of duplicates)."""
+        Returns the signals of each batch reported (not of duplicates).
+
+        With `background`, the report runs off the caller's critical path
+        (`Curriculum.report_in_background`: attribution is checked now, the
+        next draw and the next checkpoint wait for the report, a failure
+        raises there) and no signals are returned: the curriculum's listeners
+        get them when the report is done."""
         if not (len(numbers) == len(keys) == len(rewards)):
             raise ValueError(f"got {len(numbers)} batch numbers, {len(keys)} task keys and {len(rewards)} rewards")
         by_batch: dict[int, tuple[list[str], list[Any]]] = {}
@@ -221,6 +230,9 @@ class DatasetBatches:
                 cur.dropped_outcomes += len(outcomes)
                 continue
             try:
+                if background:
+                    cur.report_in_background(outcomes, batch=number, lookahead=None)
+                    continue
                 results = cur.report(outcomes, batch=number)
             except UnattributedOutcomesError as e:
                 raise UnattributedOutcomesError(
@@ -479,6 +491,11 @@ class _BotsRLDataset:
             strict=config_flag(options, "strict", True, "data.bots."),
         )
         self.batches = DatasetBatches(self.curriculum, batches_per_epoch=options.get("batches_per_epoch"))
+        # Reports run off the trainer's critical path unless asked otherwise;
+        # their signals are logged with the step in which they finish.
+        self.background = config_flag(options, "background_report", True, "data.bots.")
+        self._finished: collections.deque[CurriculumSignals] = collections.deque()  # appended by the report thread
+        self.curriculum.add_listener(self._reported)
         _TRAIN_DATASETS[str(experiment)] = self
         log.info(
             "experiment %r: %d tasks keyed by %s, batches of %d, %d per epoch",
@@ -518,12 +535,15 @@ class _BotsRLDataset:
         its row, its reward); see `DatasetBatches.report_rollouts`."""
         if self.batches is None:
             raise RuntimeError("the validation dataset draws no batches and reports nothing")
-        signals = self.batches.report_rollouts(
-            numbers, keys, rewards, success_threshold=self.success_threshold, where=where
+        self.batches.report_rollouts(
+            numbers, keys, rewards, success_threshold=self.success_threshold, where=where, background=self.background
         )
-        for s in signals:
-            log.info("batch %d reported: %s", s.batch_number, " ".join(f"{k}={v:.4g}" for k, v in s.as_dict().items()))
-        return signals
+        return [self._finished.popleft() for _ in range(len(self._finished))]
+
+    def _reported(self, signals: CurriculumSignals) -> None:
+        values = " ".join(f"{k}={v:.4g}" for k, v in signals.as_dict().items())
+        log.info("batch %d reported: %s", signals.batch_number, values)
+        self._finished.append(signals)
 
     def report_extra_infos(
         self, extra_infos: Iterable[Any], rewards: Sequence[Any], *, where: str = "report"
