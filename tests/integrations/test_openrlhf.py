@@ -139,7 +139,7 @@ def test_rollouts_outside_the_dataset_or_beyond_their_count_are_refused(address:
     (prompt, label), *_ = roll_out(s, it, 4)
     with pytest.raises(ValueError, match="not in this dataset"):
         s.record("a prompt of another dataset", "1", 1.0)
-    with pytest.raises(ValueError, match="more than 3 rollouts per prompt"):
+    with pytest.raises(ValueError, match="more than --rollout.n_samples_per_prompt = 3 rollouts per prompt"):
         s.record(prompt, label, 1.0)
     with pytest.raises(ValueError, match=r"outside \[0, 1\]"):
         fractional = stream(address, exp_name + "-f", threshold=None)

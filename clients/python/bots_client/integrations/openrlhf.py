@@ -218,8 +218,8 @@ class PromptStream:
             slot[2] += self._success(key, score)
             return
         raise ValueError(
-            f"a rollout of task {key!r} came back, but no open batch handed its prompt out still lacks rollouts: "
-            f"more than {self.rollouts_per_prompt} rollouts per prompt (set --bots.rollouts_per_prompt?)"
+            f"a rollout of task {key!r} came back, but no open batch that handed its prompt out still lacks "
+            f"rollouts: more than --rollout.n_samples_per_prompt = {self.rollouts_per_prompt} rollouts per prompt"
         )
 
     def _success(self, key: str, score: Any) -> float:
