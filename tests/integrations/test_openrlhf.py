@@ -470,6 +470,10 @@ def test_real_openrlhf_draws_and_reports_every_batch_once(
     assert len(group.trained) == 6 and all(len(step) == 4 * N_ROLLOUTS for step in group.trained)
     trained = {k: v for k, v in counts(client, exp_name).items() if v != (0.0, 0.0)}
     assert trained == trained_counts(group)  # exactly the rollouts OpenRLHF trained on
+    # Each batch was selected after every earlier batch's report, even with
+    # the asynchronous generator two batches ahead of training: the server's
+    # step at selection (its request key gives the batch back) is its number.
+    assert [client.select_batch(exp_name, 4, request_key=f"step-{k}").step for k in range(6)] == list(range(6))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (events,) = {p.parent for p in (tmp_path / "tb").rglob("events.out.tfevents.*")}
