@@ -543,3 +543,5 @@ def test_real_openrlhf_settings_that_would_lose_a_reward_are_refused_at_start(
         build_stream([], args)
     with pytest.raises(ValueError, match="needs --bots.address and --bots.experiment"):
         main(["--bots.address", address, "--train.async_enable"])
+    with pytest.raises(SystemExit, match="needs each rollout's score when it is generated"):
+        main(["--bots.address", address, "--bots.experiment", exp_name, "--rollout.batch_size", "4"])

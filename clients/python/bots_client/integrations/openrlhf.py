@@ -80,6 +80,10 @@ __all__ = [
 
 log = logging.getLogger("bots_client.integrations.openrlhf")
 
+SCORES_AT_GENERATION = (
+    "the OpenRLHF integration needs each rollout's score when it is generated: set --reward.remote_url "
+    "(a reward function or a reward server) or --train.agent_func_path; a reward model scores too late"
+)
 OPTIONS = ("address", "experiment", "experiment_config", "success_threshold", "request_prefix", "resume")
 
 
@@ -324,10 +328,7 @@ def build_stream(dataset: Any, args: Any) -> PromptStream:
         raise ValueError(f"unknown --bots options {unknown}; known: {list(OPTIONS)}")
     address, experiment = address_and_experiment(options, "the OpenRLHF integration", "--bots.")
     if not (getattr(args.reward, "remote_url", None) or getattr(args.train, "agent_func_path", None)):
-        raise ValueError(
-            "the OpenRLHF integration needs each rollout's score when it is generated: set --reward.remote_url "
-            "(a reward function or a reward server) or --train.agent_func_path; a reward model scores too late"
-        )
+        raise ValueError(SCORES_AT_GENERATION)
     n = int(args.rollout.n_samples_per_prompt)
     config = dict(options.get("experiment_config") or {})
     config.setdefault("rollouts_per_task", n)
@@ -469,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     options, rest = _bots_options(args)
     address_and_experiment(options, "the OpenRLHF integration", "--bots.")  # fail before Ray starts
+    if not any(a.split("=")[0] in ("--reward.remote_url", "--train.agent_func_path") for a in rest):
+        raise SystemExit(SCORES_AT_GENERATION)
     ppo_trainer.PPOTrainer = _WithOptions(ray.remote(__getattr__("BotsPPOTrainer")), options)
     ppo_trainer_async.PPOTrainerAsync = _WithOptions(ray.remote(__getattr__("BotsPPOTrainerAsync")), options)
     sys.argv = ["openrlhf.cli.train_ppo_ray", *rest]
