@@ -103,7 +103,24 @@ $(OPENRLHF_STAMP): $(PYPROJECTS) $(OPENRLHF_CONSTRAINTS)
 	$(OPENRLHF_VENV)/bin/python -m pip install --disable-pip-version-check --no-compile --no-deps openrlhf==0.11.2
 	@touch $@
 
-test-frameworks: $(FRAMEWORKS_STAMP) $(VERL09_STAMP) $(OPENRLHF_STAMP)
+# SkyRL 0.3 in a fifth: it pins ray 2.56 and transformers 5.6-5.8. skyrl and
+# skyrl-gym go in without their dependencies (the skyrl-train extra requires
+# flash-attn and vllm-router, CUDA builds), the rest from exact pins.
+SKYRL_VENV := .venv-skyrl
+SKYRL_CONSTRAINTS := tests/integrations/skyrl-constraints.txt
+SKYRL_STAMP := $(SKYRL_VENV)/.installed
+
+$(SKYRL_STAMP): $(PYPROJECTS) $(SKYRL_CONSTRAINTS)
+	@echo "== installing SkyRL 0.3.0 (ray 2.56, transformers 5.8) into $(SKYRL_VENV)"
+	$(PYTHON) -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/python -m pip install --disable-pip-version-check --no-compile \
+	  -c $(SKYRL_CONSTRAINTS) -r $(SKYRL_CONSTRAINTS) greenlet pytest pytest-asyncio \
+	  -e clients/python -e .
+	$(SKYRL_VENV)/bin/python -m pip install --disable-pip-version-check --no-compile --no-deps \
+	  skyrl==0.3.0 skyrl-gym==0.4.0
+	@touch $@
+
+test-frameworks: $(FRAMEWORKS_STAMP) $(VERL09_STAMP) $(OPENRLHF_STAMP) $(SKYRL_STAMP)
 	BOTS_EXPECT_VERL=1 BOTS_TEST_REQUIRED_FRAMEWORKS=verl,trinity,torch,torchdata,tensorboard \
 	  $(FRAMEWORKS_VENV)/bin/python -m pytest -p no:cacheprovider \
 	  tests/integrations/test_verl.py tests/integrations/test_trinity.py
@@ -111,6 +128,8 @@ test-frameworks: $(FRAMEWORKS_STAMP) $(VERL09_STAMP) $(OPENRLHF_STAMP)
 	  $(VERL09_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_verl_dataset.py
 	BOTS_TEST_REQUIRED_FRAMEWORKS=openrlhf,ray,tensorboard \
 	  $(OPENRLHF_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_openrlhf.py
+	BOTS_TEST_REQUIRED_FRAMEWORKS=skyrl,typing_extensions \
+	  $(SKYRL_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_skyrl.py
 
 # The lint gate (.ci/run runs it before the tests). No `ruff format --check`:
 # the tree is not formatted that way.
@@ -180,4 +199,4 @@ else
 endif
 
 clean:
-	rm -rf $(VENV) $(FRAMEWORKS_VENV) $(VERL09_VENV) $(OPENRLHF_VENV)
+	rm -rf $(VENV) $(FRAMEWORKS_VENV) $(VERL09_VENV) $(OPENRLHF_VENV) $(SKYRL_VENV)

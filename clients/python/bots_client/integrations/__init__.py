@@ -12,6 +12,8 @@ torch:
 - `bots_client.integrations.openrlhf`: a launcher for OpenRLHF 0.11's
   `train_ppo_ray` whose trainer draws every rollout batch from the service
   and reports it, dynamic filtering included.
+- `bots_client.integrations.skyrl`: SkyRL 0.3's `RayPPOTrainer` with every
+  training batch from the service (`trainer.override_entrypoint`).
 - `bots_client.integrations.trl`: `BotsGRPO`, a sampler override and a
   reward-function wrapper for TRL's `GRPOTrainer`. Extra: `bots-client[trl]`.
 - `bots_client.integrations.trinity`: `BotsSelector`, a Trinity-RFT data
