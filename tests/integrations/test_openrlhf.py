@@ -498,19 +498,35 @@ def test_real_openrlhf_with_dynamic_filtering_reports_the_filtered_groups(
     assert sum(a + b for a, b in trained.values()) < 24 * N_ROLLOUTS
 
 
+_UNINTERRUPTED: dict[bool, str] = {}
+
+
+def uninterrupted(openrlhf: Any, tmp_path_factory: pytest.TempPathFactory, address: str, filtering: bool) -> str:
+    """The experiment of an uninterrupted synchronous run (with or without
+    dynamic filtering), run the first time it is asked for."""
+    if filtering not in _UNINTERRUPTED:
+        name = f"openrlhf-whole-{'filtering' if filtering else 'plain'}-{os.getpid()}-{id(openrlhf)}"
+        run_openrlhf(openrlhf, tmp_path_factory.mktemp("whole"), name, address, filtering=filtering)
+        _UNINTERRUPTED[filtering] = name
+    return _UNINTERRUPTED[filtering]
+
+
 @pytest.mark.parametrize(
     "crash",
     ["after the report", "before the report", "before the report of a half-drawn batch", "async, in training"],
 )
 def test_real_openrlhf_resumes_from_its_checkpoint_exactly_once(
-    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str, crash: str
-) -> None:
+    openrlhf: Any, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, address: str,
+    client: bots_client.Client, exp_name: str, crash: str,
+) -> None:  # fmt: skip
     """Crashed, then resumed from OpenRLHF's checkpoint: the server ends with
     an uninterrupted run's counts. Asynchronously the generator ran ahead of
     the crashed step: its batches were reported, and are drawn again (the
-    same tasks) and trained on once."""
+    same tasks) and trained on once. The uninterrupted run is synchronous
+    (its batches are the asynchronous trainer's: each is selected after every
+    earlier report), run once per module."""
     mode = {"filtering": "half-drawn" in crash, "asynchronous": crash.startswith("async")}
-    run_openrlhf(openrlhf, tmp_path / "whole", exp_name + "-whole", address, **mode)
+    whole = uninterrupted(openrlhf, tmp_path_factory, address, mode["filtering"])
     crashed = tmp_path / "crashed"
     point = {"after the report": {"crash_at_fit": 3}, "before the report": {"crash_at_report": 3},
              "before the report of a half-drawn batch": {"crash_at_report": "half"},
@@ -521,10 +537,10 @@ def test_real_openrlhf_resumes_from_its_checkpoint_exactly_once(
         states = pickle.loads((crashed / "ckpt" / "_actor" / "states.pkl").read_bytes())
         assert "position" in states["data_loader_state_dict"]  # the checkpoint holds a half-drawn batch
     group = run_openrlhf(openrlhf, crashed, exp_name, address, resume=True, **mode)
-    for name in (exp_name, exp_name + "-whole"):
+    for name in (exp_name, whole):
         exp = client.get_experiment(name)
         assert (exp.step, exp.open_batches) == (6, 0), name
-    assert counts(client, exp_name) == counts(client, exp_name + "-whole")
+    assert counts(client, exp_name) == counts(client, whole)
     if not mode["filtering"]:
         # The crashed step's rollouts reached the model group before its fit crashed.
         assert len(group.trained) == 6 + ("crash_at_fit" in point)
