@@ -532,7 +532,9 @@ class _BotsRLDataset:
         self, numbers: Sequence[Any], keys: Sequence[Any], rewards: Sequence[Any], *, where: str = "report"
     ) -> list[CurriculumSignals]:
         """Report rollouts (one element each: the batch number and task key of
-        its row, its reward); see `DatasetBatches.report_rollouts`."""
+        its row, its reward); see `DatasetBatches.report_rollouts`. Returns
+        the signals of the reports finished since the last call: with
+        `background_report` (the default), those of earlier batches."""
         if self.batches is None:
             raise RuntimeError("the validation dataset draws no batches and reports nothing")
         self.batches.report_rollouts(
