@@ -51,7 +51,7 @@ serve: $(RUNTIME_STAMP)
 PYTEST_WORKERS ?= 2
 
 test: $(TEST_STAMP) tools
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 # The real verl and Trinity-RFT adapter tests, in an environment of their
 # own: verl 0.7.x pins numpy < 2, which the main environment (numpy 2)
