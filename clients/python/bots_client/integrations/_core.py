@@ -746,6 +746,31 @@ class Curriculum:
             pending = sorted(b.number for b in self._open.values() if b.number < next_number)
             return {"pending": pending, "acknowledged_step": self.acknowledged_step}
 
+    def checkpoint_state(self, next_number: int) -> dict[str, Any]:
+        """A loader's checkpoint: this run's experiment, batch size and
+        request prefix, the next batch number and `resume_state`."""
+        return {
+            "experiment": self.experiment,
+            "batch_size": self.batch_size,
+            "request_prefix": self.request_prefix,
+            "next_number": next_number,
+            **self.resume_state(next_number),
+        }
+
+    def resume_from(self, state: Mapping[str, Any], what: str) -> int:
+        """The batch number to go on with after loading a loader's
+        `checkpoint_state` (`what` names the loader in errors): its
+        experiment, batch size and request prefix must be this run's (a state
+        without one of them passes); then `resume_number`."""
+        for name in ("experiment", "batch_size", "request_prefix"):
+            saved, ours = state.get(name, getattr(self, name)), getattr(self, name)
+            if saved != ours:
+                raise ValueError(
+                    f"the checkpoint's {what} has {name} = {saved!r}, this run {ours!r}: continue a run with its own "
+                    "settings, or start a new experiment"
+                )
+        return self.resume_number(state, int(state["next_number"]))
+
     def resume_number(self, state: Mapping[str, Any], next_number: int) -> int:
         """The batch number to go on with after loading a checkpoint.
 

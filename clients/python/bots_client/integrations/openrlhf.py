@@ -275,15 +275,7 @@ class PromptStream:
     # -- checkpoints ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        cur = self.curriculum
-        state: dict[str, Any] = {
-            "experiment": cur.experiment,
-            "batch_size": cur.batch_size,
-            "request_prefix": cur.request_prefix,
-            "next_number": self.next_number,
-            "pass_end": self.pass_end,
-            **cur.resume_state(self.next_number),
-        }
+        state = {**self.curriculum.checkpoint_state(self.next_number), "pass_end": self.pass_end}
         if self._half_drawn():
             assert self.current is not None
             state["position"] = self.position
@@ -293,15 +285,8 @@ class PromptStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not state:
             return  # OpenRLHF's empty state: a fresh run
-        cur = self.curriculum
-        for name in ("experiment", "batch_size", "request_prefix"):
-            if state.get(name) != getattr(cur, name):
-                raise ValueError(
-                    f"the checkpoint's prompt stream has {name} = {state.get(name)!r}, this run "
-                    f"{getattr(cur, name)!r}: continue a run with its own settings, or start a new experiment"
-                )
         saved = int(state["next_number"])
-        number = cur.resume_number(state, saved)
+        number = self.curriculum.resume_from(state, "prompt stream")
         self.current = None
         self.returns.clear()
         self.handed.clear()

@@ -154,25 +154,10 @@ class BatchStream:
     # -- checkpoints: SkyRL saves and loads these in data.pt --------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        cur = self.curriculum
-        return {
-            "experiment": cur.experiment,
-            "batch_size": cur.batch_size,
-            "request_prefix": cur.request_prefix,
-            "next_number": self.next_number,
-            "pass_end": self.pass_end,
-            **cur.resume_state(self.next_number),
-        }
+        return {**self.curriculum.checkpoint_state(self.next_number), "pass_end": self.pass_end}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        cur = self.curriculum
-        for name in ("experiment", "batch_size", "request_prefix"):
-            if state.get(name) != getattr(cur, name):
-                raise ValueError(
-                    f"the checkpoint's batch stream has {name} = {state.get(name)!r}, this run "
-                    f"{getattr(cur, name)!r}: continue a run with its own settings, or start a new experiment"
-                )
-        self.next_number = cur.resume_number(state, int(state["next_number"]))
+        self.next_number = self.curriculum.resume_from(state, "batch stream")
         self._resumed_pass_end = int(state["pass_end"])
         self.current = None
 

@@ -249,29 +249,10 @@ class DatasetBatches:
     # -- checkpoints ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        cur = self.curriculum
-        return {
-            "experiment": cur.experiment,
-            "batch_size": cur.batch_size,
-            "request_prefix": cur.request_prefix,
-            "next_number": self.next_number,
-            **cur.resume_state(self.next_number),
-        }
+        return self.curriculum.checkpoint_state(self.next_number)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        cur = self.curriculum
-        if state.get("experiment") != cur.experiment:
-            raise ValueError(
-                f"the checkpoint's dataset state is of experiment {state.get('experiment')!r}, this run uses "
-                f"{cur.experiment!r}: one experiment per run (name the checkpoint's experiment, or start fresh)"
-            )
-        if int(state.get("batch_size", cur.batch_size)) != cur.batch_size:
-            raise ValueError(f"the checkpoint used batch_size = {state['batch_size']}, this run {cur.batch_size}")
-        if state.get("request_prefix", cur.request_prefix) != cur.request_prefix:
-            raise ValueError(
-                f"the checkpoint used request_prefix {state.get('request_prefix')!r}, this run {cur.request_prefix!r}"
-            )
-        self.next_number = cur.resume_number(state, int(state["next_number"]))
+        self.next_number = self.curriculum.resume_from(state, "dataset state")
         self.current = None
         self._last_item = None
 
