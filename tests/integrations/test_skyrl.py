@@ -162,11 +162,19 @@ def test_the_options_are_taken_out_of_skyrls_arguments() -> None:
 
 @pytest.fixture(scope="module")
 def skyrl() -> Iterator[Any]:
+    """SkyRL, importable, on a local Ray (its checkpoint clean-up runs a Ray
+    task on every node)."""
     typing_extensions = need("typing_extensions")
     original = typing.TypedDict
     typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
     try:
-        yield need("skyrl.train.trainer")
+        module = need("skyrl.train.trainer")
+        ray = need("ray")
+        ray.init(num_cpus=2, include_dashboard=False)
+        try:
+            yield module
+        finally:
+            ray.shutdown()
     finally:
         typing.TypedDict = original  # type: ignore[misc]
 

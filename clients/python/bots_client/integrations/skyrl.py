@@ -40,7 +40,6 @@ SkyRL is imported only when a class that needs it is first used.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -58,8 +57,6 @@ from bots_client.integrations.verl_dataset import DEFAULT_KEY_FIELD, dataframe_k
 from bots_client.types import ExperimentConfig
 
 __all__ = ["BatchStream", "BotsPPOExp", "BotsRayPPOTrainer", "main", "stream_for"]
-
-log = logging.getLogger("bots_client.integrations.skyrl")
 
 OPTIONS = ("address", "experiment", "experiment_config", "key_field", "success_threshold", "request_prefix", "resume")
 
