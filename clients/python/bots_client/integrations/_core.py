@@ -12,6 +12,7 @@ Nothing here imports torch or any trainer framework.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -130,13 +131,26 @@ class SelectedBatch:
     indices: tuple[int, ...]
 
 
-def mean_signals(signals: Iterable[CurriculumSignals]) -> dict[str, float]:
-    """The mean of each curriculum signal over `signals` (empty: {})."""
-    sums: dict[str, list[float]] = {}
-    for s in signals:
-        for name, value in s.as_dict().items():
-            sums.setdefault(name, []).append(value)
-    return {name: sum(values) / len(values) for name, values in sums.items()}
+class SignalLog:
+    """The signals of every report a curriculum makes in this process, kept
+    until the trainer's logger takes them. A report running in the
+    background appends from its own thread."""
+
+    def __init__(self, curriculum: Curriculum) -> None:
+        self._signals: collections.deque[CurriculumSignals] = collections.deque()
+        curriculum.add_listener(self._signals.append)
+
+    def pop(self) -> list[CurriculumSignals]:
+        """The signals kept since the last pop, oldest first."""
+        return [self._signals.popleft() for _ in range(len(self._signals))]
+
+    def pop_mean(self) -> dict[str, float]:
+        """The mean of each signal over those kept since the last pop ({}: none)."""
+        sums: dict[str, list[float]] = {}
+        for s in self.pop():
+            for name, value in s.as_dict().items():
+                sums.setdefault(name, []).append(value)
+        return {name: sum(values) / len(values) for name, values in sums.items()}
 
 
 def distributed_rank_and_world() -> tuple[int, int]:
@@ -401,13 +415,14 @@ class Curriculum:
             client.add_tasks(self.experiment, (self._task(i) for i in missing))
             log.info("added %d tasks to experiment %r", len(missing), self.experiment)
 
-    def prepare_first_draw(self, number: int, how_to_continue: str) -> None:
-        """Set the experiment up before a loader's first draw, batch `number`.
-        A new run (no checkpoint loaded, `resume` unset) starting at batch 0
-        is refused on an experiment with reported steps
-        (`ExperimentInUseError`, its message ending with `how_to_continue`);
-        its open batches at step 0 are this run's own first draws before a
-        restart, drawn again under the same request keys, so they pass."""
+    def prepare_draw(self, number: int, how_to_continue: str) -> None:
+        """Set the experiment up before a loader draws batch `number` (free
+        after the first draw). A new run (no checkpoint loaded, `resume`
+        unset) starting at batch 0 is refused on an experiment with reported
+        steps (`ExperimentInUseError`, its message ending with
+        `how_to_continue`); its open batches at step 0 are this run's own
+        first draws before a restart, drawn again under the same request
+        keys, so they pass."""
         if not self.resume and number == 0:
             try:
                 step = self.client.get_experiment(self.experiment).step
@@ -639,6 +654,11 @@ class Curriculum:
                 reason = "in several open batches (pass batch=)"
                 problems.setdefault(reason, []).append(k)
         return groups, problems
+
+    def open_batch(self, batch: SelectedBatch | str | int) -> SelectedBatch | None:
+        """The open batch `batch` names (a SelectedBatch, its id or its number), if any."""
+        with self._lock:
+            return self._named_open(batch)
 
     def _named_open(self, batch: SelectedBatch | str | int) -> SelectedBatch | None:
         if isinstance(batch, SelectedBatch):

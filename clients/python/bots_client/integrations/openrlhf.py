@@ -60,11 +60,10 @@ from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
     Curriculum,
-    CurriculumSignals,
     SelectedBatch,
+    SignalLog,
     address_and_experiment,
     lazy_class,
-    mean_signals,
 )
 from bots_client.types import ExperimentConfig
 
@@ -80,6 +79,11 @@ __all__ = [
 
 log = logging.getLogger("bots_client.integrations.openrlhf")
 
+HOW_TO_CONTINUE = (
+    "In OpenRLHF: resume from this run's checkpoint (--ckpt.load_enable; its client states carry this stream's "
+    "state), pass --bots.resume true to continue without one (with a --bots.request_prefix of its own), or name a "
+    "new experiment"
+)
 SCORES_AT_GENERATION = (
     "the OpenRLHF integration needs each rollout's score when it is generated: set --reward.remote_url "
     "(a reward function or a reward server) or --train.agent_func_path; a reward model scores too late"
@@ -148,9 +152,7 @@ class PromptStream:
         self.returns: dict[int, dict[str, list[float]]] = {}
         self.handed: dict[int, int] = {}
         self.skipped_rollouts = 0
-        self._prepared = False
-        self.signals: list[CurriculumSignals] = []
-        curriculum.add_listener(self.signals.append)
+        self.signals = SignalLog(curriculum)
 
     def __len__(self) -> int:
         return self.batches_per_epoch * self.batch_size
@@ -176,28 +178,13 @@ class PromptStream:
     def _half_drawn(self) -> bool:
         return self.current is not None and self.position < self.batch_size
 
-    def _open_batch(self, number: int) -> SelectedBatch | None:
-        return next((b for b in self.curriculum.open_batches if b.number == number), None)
-
     def _draw(self, number: int) -> None:
-        self._prepare(number)
+        self.curriculum.prepare_draw(number, HOW_TO_CONTINUE)
         self.current = self.curriculum.select(number)
         self.next_number = number + 1
         self.position = 0
         self.returns.setdefault(number, {})
         self.handed.setdefault(number, 0)
-
-    def _prepare(self, number: int) -> None:
-        """Set the experiment up before the first draw (`Curriculum.prepare_first_draw`)."""
-        if self._prepared:
-            return
-        self.curriculum.prepare_first_draw(
-            number,
-            "In OpenRLHF: resume from this run's checkpoint (--ckpt.load_enable; its client states carry this "
-            "stream's state), pass --bots.resume true to continue without one (with a --bots.request_prefix of "
-            "its own), or name a new experiment",
-        )
-        self._prepared = True
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -208,7 +195,7 @@ class PromptStream:
         if key is None:
             raise ValueError(f"a rollout's prompt and label are not in this dataset (prompt {str(prompt)[:80]!r})")
         for number in sorted(self.returns):
-            batch = self._open_batch(number)
+            batch = self.curriculum.open_batch(number)
             if batch is None or key not in batch.keys:
                 continue
             slot = self.returns[number].setdefault(key, [0, 0, 0.0])
@@ -242,7 +229,7 @@ class PromptStream:
         for number in sorted(self.returns):
             if self.handed.get(number, 0) < self.batch_size:
                 break
-            batch = self._open_batch(number)
+            batch = self.curriculum.open_batch(number)
             returns = self.returns[number]
             missing = [k for k in (batch.keys if batch else ()) if returns.get(k, [0])[0] < self.rollouts_per_prompt]
             if missing:
@@ -269,8 +256,7 @@ class PromptStream:
         """The mean of each curriculum signal over the batches reported since
         the last call (after the report running in the background)."""
         self.curriculum.wait()
-        signals, self.signals[:] = list(self.signals), []
-        return mean_signals(signals)
+        return self.signals.pop_mean()
 
     # -- checkpoints ------------------------------------------------------------------
 

@@ -46,12 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
     Curriculum,
-    CurriculumSignals,
     SelectedBatch,
+    SignalLog,
     address_and_experiment,
     aggregate_outcomes,
     lazy_class,
-    mean_signals,
 )
 from bots_client.integrations.verl_dataset import DEFAULT_KEY_FIELD, dataframe_keys, key_fields
 from bots_client.types import ExperimentConfig
@@ -86,9 +85,7 @@ class BatchStream:
         self.current: SelectedBatch | None = None
         self.pass_end = 0  # the batch number this epoch's pass stops before
         self._resumed_pass_end: int | None = None
-        self._prepared = False
-        self.signals: list[CurriculumSignals] = []
-        curriculum.add_listener(self.signals.append)
+        self.signals = SignalLog(curriculum)
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -106,16 +103,13 @@ class BatchStream:
             yield self.dataset.collate_fn([self.dataset[i] for i in self.current.indices])
 
     def _draw(self, number: int) -> SelectedBatch:
-        cur = self.curriculum
-        if not self._prepared:
-            cur.prepare_first_draw(
-                number,
-                "In SkyRL: resume from this run's checkpoint (trainer.resume_mode; its data.pt carries this "
-                "stream's state), set bots.resume=true to continue without one (with a bots.request_prefix of its "
-                "own), or name a new experiment",
-            )
-            self._prepared = True
-        selected = cur.select(number)
+        self.curriculum.prepare_draw(
+            number,
+            "In SkyRL: resume from this run's checkpoint (trainer.resume_mode; its data.pt carries this stream's "
+            "state), set bots.resume=true to continue without one (with a bots.request_prefix of its own), or name "
+            "a new experiment",
+        )
+        selected = self.curriculum.select(number)
         self.next_number = number + 1
         return selected
 
@@ -145,8 +139,7 @@ class BatchStream:
         the last call, after the report running in the background (whose
         failure raises here)."""
         self.curriculum.wait()
-        signals, self.signals[:] = list(self.signals), []
-        return mean_signals(signals)
+        return self.signals.pop_mean()
 
     # -- checkpoints: SkyRL saves and loads these in data.pt --------------------------
 

@@ -56,12 +56,11 @@ from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
     Curriculum,
-    CurriculumSignals,
     SelectedBatch,
+    SignalLog,
     UnattributedOutcomesError,
     aggregate_outcomes,
     lazy_class,
-    mean_signals,
     merge_outcomes,
     torch_sampler,
 )
@@ -211,8 +210,7 @@ class BotsGRPO:
         self.sampler: _RepeatSampler | None = None
         self.reports: list[ReportResult] = []
         self.log_signals = log_signals
-        self._signals: list[CurriculumSignals] = []
-        self.curriculum.add_listener(self._signals.append)
+        self._signals = SignalLog(self.curriculum)
 
     # -- the trainer ------------------------------------------------------------------
 
@@ -329,8 +327,7 @@ class BotsGRPO:
     def pop_signals(self) -> dict[str, float]:
         """The mean of each curriculum signal over the batches reported since
         the last call (empty when none was)."""
-        signals, self._signals[:] = list(self._signals), []
-        return mean_signals(signals)
+        return self._signals.pop_mean()
 
     # -- rewards ----------------------------------------------------------------------
 

@@ -51,7 +51,6 @@ no framework.
 
 from __future__ import annotations
 
-import collections
 import importlib
 import logging
 import sys
@@ -64,6 +63,7 @@ from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
     SelectedBatch,
+    SignalLog,
     UnattributedOutcomesError,
     address_and_experiment,
     aggregate_outcomes,
@@ -133,7 +133,6 @@ class DatasetBatches:
         self.next_number = 0
         self.current: SelectedBatch | None = None
         self._last_item: int | None = None
-        self._prepared = False
 
     def __len__(self) -> int:
         return self.batches_per_epoch * self.batch_size
@@ -161,23 +160,16 @@ class DatasetBatches:
                 f"this dataset's batches. Under verl 0.9's v1 trainer set {REPLAY_BUFFER}; under the legacy "
                 "RayPPOTrainer verl reports through on_batch_end (docs/integrations/verl09.md)"
             )
-        self._prepare(number)
-        selected = cur.select(number)
-        self.next_number = number + 1
-        log.debug("batch %d: %s", number, selected.keys)
-        return selected
-
-    def _prepare(self, number: int) -> None:
-        """Set the experiment up before the first draw (`Curriculum.prepare_first_draw`)."""
-        if self._prepared:
-            return
-        self.curriculum.prepare_first_draw(
+        cur.prepare_draw(
             number,
             "In verl: let verl load this run's checkpoint (trainer.resume_mode=auto or resume_path; its data.pt "
             "carries this dataset's state), set +data.bots.resume=true to continue without one (with a "
             "request_prefix of its own), or name a new experiment",
         )
-        self._prepared = True
+        selected = cur.select(number)
+        self.next_number = number + 1
+        log.debug("batch %d: %s", number, selected.keys)
+        return selected
 
     # -- reporting --------------------------------------------------------------------
 
@@ -255,6 +247,11 @@ class DatasetBatches:
         self.next_number = self.curriculum.resume_from(state, "dataset state")
         self.current = None
         self._last_item = None
+
+
+def _log_reported(signals: CurriculumSignals) -> None:
+    values = " ".join(f"{k}={v:.4g}" for k, v in signals.as_dict().items())
+    log.info("batch %d reported: %s", signals.batch_number, values)
 
 
 def frame_column(frame: Any, path: str) -> list[Any]:
@@ -475,8 +472,8 @@ class _BotsRLDataset:
         # Reports run off the trainer's critical path unless asked otherwise;
         # their signals are logged with the step in which they finish.
         self.background = config_flag(options, "background_report", True, "data.bots.")
-        self._finished: collections.deque[CurriculumSignals] = collections.deque()  # appended by the report thread
-        self.curriculum.add_listener(self._reported)
+        self._finished = SignalLog(self.curriculum)
+        self.curriculum.add_listener(_log_reported)
         _TRAIN_DATASETS[str(experiment)] = self
         log.info(
             "experiment %r: %d tasks keyed by %s, batches of %d, %d per epoch",
@@ -521,12 +518,7 @@ class _BotsRLDataset:
         self.batches.report_rollouts(
             numbers, keys, rewards, success_threshold=self.success_threshold, where=where, background=self.background
         )
-        return [self._finished.popleft() for _ in range(len(self._finished))]
-
-    def _reported(self, signals: CurriculumSignals) -> None:
-        values = " ".join(f"{k}={v:.4g}" for k, v in signals.as_dict().items())
-        log.info("batch %d reported: %s", signals.batch_number, values)
-        self._finished.append(signals)
+        return self._finished.pop()
 
     def report_extra_infos(
         self, extra_infos: Iterable[Any], rewards: Sequence[Any], *, where: str = "report"
