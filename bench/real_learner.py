@@ -1,7 +1,7 @@
 """Real learners: small transformers trained from scratch by GRPO, with
 batches from a real BOTS server, against a uniform DataLoader.
 
-    .venv/bin/python -m bench.real_learner --quick          # 1 seed, short budgets (about 2 minutes on 2 cores)
+    .venv/bin/python -m bench.real_learner --quick          # 1 seed, short budgets (about 75 s on 2 cores)
     nice -n 10 .venv/bin/python -m bench.real_learner       # 5 seeds, all families, all arms
 
 The policy is a causal transformer (2 layers, d = 64, 4 heads, learned
@@ -68,7 +68,7 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "bots-ref": {**REFERENCE},
     "bots-plus-ref": {"selection_mode": "expected", "track_prediction": 0.5, "forgetting": 0.05, **REFERENCE},
 }
-QUICK_STEPS = {"a": 100, "b": 60, "c": 60}  # --quick budgets (1 seed)
+QUICK_STEPS = {"a": 40, "b": 30, "c": 30}  # --quick budgets (1 seed): a smoke test, not a result
 
 
 # -- the policy -----------------------------------------------------------------------

@@ -215,7 +215,11 @@ def test_checkpoint_age_and_duration_follow_checkpoints(metrics_server: MetricsS
         step("s2")
     done = eventually(
         metrics_server.samples,
-        lambda s: value(s, "bots_steps_since_checkpoint", experiment=name) == 0,
+        # Both in one scrape: the HTTP thread reads the gauges and the
+        # checkpoint view one after the other, so a scrape can fall between
+        # the two updates of a checkpoint.
+        lambda s: value(s, "bots_steps_since_checkpoint", experiment=name) == 0
+        and value(s, "bots_checkpoint_last_duration_seconds", experiment=name) is not None,
         what="the checkpoint at step 2 recorded",
     )
     assert value(done, "bots_checkpoint_age_seconds", experiment=name) == 0
