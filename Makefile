@@ -18,12 +18,13 @@ PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --no-com
 # The test layer and the framework environments are installed by uv, which
 # pip puts into .venv first: uv fetches in parallel and links from its cache,
 # where pip took 40-50 s an environment and most of a core (measured on this
-# 2-core machine, 2026-11-27). uv reads no pip configuration, so the
-# find-links that pip has from PIP_FIND_LINKS (where a machine keeps its CPU
+# 2-core machine, 2026-11-27). uv reads no pip configuration, so pip's
+# find-links (PIP_FIND_LINKS, else pip.conf's: where a machine keeps its CPU
 # build of torch) are passed on; uv does not byte-compile, like --no-compile.
 UV_VERSION := 0.13.9
 UV := $(BIN)/uv
-UV_INSTALL = $(UV) pip install $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) --python
+FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = $(UV) pip install $(foreach links,$(FIND_LINKS),--find-links $(links)) --python
 
 # Let Python keep the bytecode it compiles (some machines set
 # PYTHONDONTWRITEBYTECODE=1, this one included): the tests start hundreds of
