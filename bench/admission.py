@@ -26,11 +26,12 @@ import grpc
 from bench.common import machine_info, machine_line
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from tests.service.test_admission import PRINCIPALS, chunks, metadata, rss_bytes
-from tests.service.test_tenants import credentials_file
-from tests.support.servers import ServerProcess
+from bots_server.testing.processes import ServerProcess, rss_bytes
+from bots_server.testing.tenants import bearer, credentials_file, upload
 
 UPLOADS = 16
+TASKS, CHUNK = 40_000, 4_000  # an upload: charged about 29 MB
+PRINCIPALS = {"a-writer": ("team-a", "writer"), "b-writer": ("team-b", "writer")}
 
 
 def flood(budget_mb: int) -> tuple[float, list[str]]:
@@ -46,7 +47,7 @@ def flood(budget_mb: int) -> tuple[float, list[str]]:
             with grpc.insecure_channel(server.address) as channel:
                 stub = pb_grpc.TaskSelectorStub(channel)
                 for who in PRINCIPALS:
-                    stub.CreateExperiment(pb.CreateExperimentRequest(name="flood"), metadata=metadata(who), timeout=20)
+                    stub.CreateExperiment(pb.CreateExperimentRequest(name="flood"), metadata=bearer(who), timeout=20)
                 before = rss_bytes(pid)
                 peak = [before]
                 done = threading.Event()
@@ -56,11 +57,11 @@ def flood(budget_mb: int) -> tuple[float, list[str]]:
                         peak[0] = max(peak[0], rss_bytes(pid))
                         time.sleep(0.02)
 
-                def upload(i: int) -> str:
+                def send(i: int) -> str:
                     who = "a-writer" if i % 2 else "b-writer"
                     try:
                         tag = f"f{i}-{uuid.uuid4().hex[:6]}"
-                        stub.AddTasks(chunks("flood", tag, pause=0.3), metadata=metadata(who), timeout=300)
+                        stub.AddTasks(upload("flood", tag, TASKS, CHUNK, pause=0.3), metadata=bearer(who), timeout=300)
                     except grpc.RpcError as e:
                         return e.code().name
                     return "OK"
@@ -69,7 +70,7 @@ def flood(budget_mb: int) -> tuple[float, list[str]]:
                 watcher.start()
                 try:
                     with ThreadPoolExecutor(UPLOADS) as pool:
-                        codes = list(pool.map(upload, range(UPLOADS)))
+                        codes = list(pool.map(send, range(UPLOADS)))
                 finally:
                     done.set()
                     watcher.join()

@@ -12,14 +12,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import pytest
 
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
-from tests.service.test_tenants import credentials_file, token
+from bots_server.testing.processes import rss_bytes
+from bots_server.testing.tenants import bearer, credentials_file, upload
 from tests.support.servers import ServerProcess
 
 PRINCIPALS = {"a-writer": ("team-a", "writer"), "b-writer": ("team-b", "writer")}
@@ -44,28 +44,9 @@ def budget_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     server.stop()
 
 
-def metadata(principal: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token(principal)}"),)
-
-
 def chunks(experiment: str, tag: str, pause: float = 0.0, gate: threading.Event | None = None) -> Iterator[pb.AddTasksRequest]:
-    """An upload of TASKS tasks that announces its size; `pause` between
-    messages keeps it in flight, `gate` holds its last message back."""
-    for start in range(0, TASKS, CHUNK):
-        request = pb.AddTasksRequest(tasks=[pb.Task(key=f"{tag}-{i:06d}") for i in range(start, start + CHUNK)])
-        if start == 0:
-            request.experiment, request.total_tasks = experiment, TASKS
-        if start + CHUNK >= TASKS and gate is not None:
-            gate.wait(60)
-        yield request
-        time.sleep(pause)
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    """An upload of TASKS tasks (see upload())."""
+    return upload(experiment, tag, TASKS, CHUNK, pause, gate)
 
 
 def test_a_tenant_over_its_budget_waits_then_is_refused_and_others_go_on(budget_server: ServerProcess) -> None:
@@ -73,28 +54,28 @@ def test_a_tenant_over_its_budget_waits_then_is_refused_and_others_go_on(budget_
     with grpc.insecure_channel(budget_server.address) as channel:
         stub = pb_grpc.TaskSelectorStub(channel)
         for who in ("a-writer", "b-writer"):
-            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"up-{tag}"), metadata=metadata(who), timeout=20)
+            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"up-{tag}"), metadata=bearer(who), timeout=20)
         gate = threading.Event()
         with ThreadPoolExecutor(2) as pool:
             # Team A's first upload holds about 29 of its 40 MB until the gate opens.
-            held = pool.submit(stub.AddTasks, chunks(f"up-{tag}", "a1", gate=gate), metadata=metadata("a-writer"), timeout=60)
+            held = pool.submit(stub.AddTasks, chunks(f"up-{tag}", "a1", gate=gate), metadata=bearer("a-writer"), timeout=60)
             time.sleep(1.0)
             started = time.monotonic()
             with pytest.raises(grpc.RpcError) as refused:
-                stub.AddTasks(chunks(f"up-{tag}", "a2"), metadata=metadata("a-writer"), timeout=60)
+                stub.AddTasks(chunks(f"up-{tag}", "a2"), metadata=bearer("a-writer"), timeout=60)
             waited = time.monotonic() - started
             # Team B has a budget of its own, and the server's (80 MB) has room.
-            other = stub.AddTasks(chunks(f"up-{tag}", "b1"), metadata=metadata("b-writer"), timeout=60)
+            other = stub.AddTasks(chunks(f"up-{tag}", "b1"), metadata=bearer("b-writer"), timeout=60)
             gate.set()
             assert held.result().added == TASKS
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "tenant 'team-a'" in refused.value.details() and "retry in a few seconds" in refused.value.details()
         assert 4.0 < waited < 30.0  # it waited for room (5 s) before it gave up
         assert other.added == TASKS
-        got = stub.GetExperiment(pb.GetExperimentRequest(name=f"up-{tag}"), metadata=metadata("a-writer"), timeout=20)
+        got = stub.GetExperiment(pb.GetExperimentRequest(name=f"up-{tag}"), metadata=bearer("a-writer"), timeout=20)
         assert got.num_tasks == TASKS  # the refused upload left nothing
         # Room again: the same upload now goes through.
-        again = stub.AddTasks(chunks(f"up-{tag}", "a2"), metadata=metadata("a-writer"), timeout=60)
+        again = stub.AddTasks(chunks(f"up-{tag}", "a2"), metadata=bearer("a-writer"), timeout=60)
         assert again.num_tasks == 2 * TASKS
 
 
@@ -102,19 +83,19 @@ def test_a_snapshot_counts_against_the_same_budget(budget_server: ServerProcess)
     tag = uuid.uuid4().hex[:8]
     with grpc.insecure_channel(budget_server.address) as channel:
         stub = pb_grpc.TaskSelectorStub(channel)
-        stub.CreateExperiment(pb.CreateExperimentRequest(name=f"snap-{tag}"), metadata=metadata("a-writer"), timeout=20)
-        stub.AddTasks(chunks(f"snap-{tag}", "s"), metadata=metadata("a-writer"), timeout=60)
+        stub.CreateExperiment(pb.CreateExperimentRequest(name=f"snap-{tag}"), metadata=bearer("a-writer"), timeout=20)
+        stub.AddTasks(chunks(f"snap-{tag}", "s"), metadata=bearer("a-writer"), timeout=60)
         request = pb.SnapshotRequest(experiment=f"snap-{tag}", include_features=True)  # about 20 MB
         gate = threading.Event()
         with ThreadPoolExecutor(1) as pool:
-            held = pool.submit(stub.AddTasks, chunks(f"snap-{tag}", "h", gate=gate), metadata=metadata("a-writer"), timeout=60)
+            held = pool.submit(stub.AddTasks, chunks(f"snap-{tag}", "h", gate=gate), metadata=bearer("a-writer"), timeout=60)
             time.sleep(1.0)
             with pytest.raises(grpc.RpcError) as refused:
-                list(stub.Snapshot(request, metadata=metadata("a-writer"), timeout=60))
+                list(stub.Snapshot(request, metadata=bearer("a-writer"), timeout=60))
             gate.set()
             held.result()
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Snapshot:" in refused.value.details()
-        keys = [k for chunk in stub.Snapshot(request, metadata=metadata("a-writer"), timeout=60) for k in chunk.keys]
+        keys = [k for chunk in stub.Snapshot(request, metadata=bearer("a-writer"), timeout=60) for k in chunk.keys]
         assert len(keys) == 2 * TASKS
 
 
@@ -122,11 +103,11 @@ def test_a_call_larger_than_the_budget_is_refused_at_once(budget_server: ServerP
     tag = uuid.uuid4().hex[:8]
     with grpc.insecure_channel(budget_server.address) as channel:
         stub = pb_grpc.TaskSelectorStub(channel)
-        stub.CreateExperiment(pb.CreateExperimentRequest(name=f"big-{tag}"), metadata=metadata("a-writer"), timeout=20)
+        stub.CreateExperiment(pb.CreateExperimentRequest(name=f"big-{tag}"), metadata=bearer("a-writer"), timeout=20)
         first = pb.AddTasksRequest(experiment=f"big-{tag}", total_tasks=100_000, tasks=[pb.Task(key="k0")])
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as refused:
-            stub.AddTasks(iter([first]), metadata=metadata("a-writer"), timeout=60)
+            stub.AddTasks(iter([first]), metadata=bearer("a-writer"), timeout=60)
         assert time.monotonic() - started < 3.0
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--tenant-inflight-budget-mb = 40 MB" in refused.value.details()
@@ -144,7 +125,7 @@ def test_a_flood_of_uploads_keeps_the_server_within_its_budget(budget_server: Se
     with grpc.insecure_channel(budget_server.address) as channel:
         stub = pb_grpc.TaskSelectorStub(channel)
         for who in ("a-writer", "b-writer"):
-            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"flood-{tag}"), metadata=metadata(who), timeout=20)
+            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"flood-{tag}"), metadata=bearer(who), timeout=20)
         before = rss_bytes(pid)
         peak = before
         done = threading.Event()
@@ -161,7 +142,7 @@ def test_a_flood_of_uploads_keeps_the_server_within_its_budget(budget_server: Se
         def upload(i: int) -> grpc.StatusCode:
             who = "a-writer" if i % 2 else "b-writer"
             try:
-                stub.AddTasks(chunks(f"flood-{tag}", f"f{i}", pause=0.3), metadata=metadata(who), timeout=120)
+                stub.AddTasks(chunks(f"flood-{tag}", f"f{i}", pause=0.3), metadata=bearer(who), timeout=120)
             except grpc.RpcError as e:
                 return e.code()
             return grpc.StatusCode.OK
@@ -193,17 +174,17 @@ def test_one_tenants_bulk_calls_take_turns_and_another_tenants_do_not_wait(turns
     with grpc.insecure_channel(turns_server.address) as channel:
         stub = pb_grpc.TaskSelectorStub(channel)
         for who in ("a-writer", "b-writer"):
-            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"turn-{tag}"), metadata=metadata(who), timeout=20)
+            stub.CreateExperiment(pb.CreateExperimentRequest(name=f"turn-{tag}"), metadata=bearer(who), timeout=20)
         gate = threading.Event()
         snapshot = pb.SnapshotRequest(experiment=f"turn-{tag}")
         with ThreadPoolExecutor(2) as pool:
             # Team A's upload holds its turn until the gate opens.
-            held = pool.submit(stub.AddTasks, chunks(f"turn-{tag}", "a1", gate=gate), metadata=metadata("a-writer"), timeout=60)
+            held = pool.submit(stub.AddTasks, chunks(f"turn-{tag}", "a1", gate=gate), metadata=bearer("a-writer"), timeout=60)
             time.sleep(1.0)
-            waiting = pool.submit(lambda: list(stub.Snapshot(snapshot, metadata=metadata("a-writer"), timeout=60)))
+            waiting = pool.submit(lambda: list(stub.Snapshot(snapshot, metadata=bearer("a-writer"), timeout=60)))
             # Team B's upload and snapshot go through while A's snapshot waits for A's turn.
-            other = stub.AddTasks(chunks(f"turn-{tag}", "b1"), metadata=metadata("b-writer"), timeout=30)
-            b_keys = [k for c in stub.Snapshot(snapshot, metadata=metadata("b-writer"), timeout=30) for k in c.keys]
+            other = stub.AddTasks(chunks(f"turn-{tag}", "b1"), metadata=bearer("b-writer"), timeout=30)
+            b_keys = [k for c in stub.Snapshot(snapshot, metadata=bearer("b-writer"), timeout=30) for k in c.keys]
             assert not waiting.done()
             gate.set()
             assert held.result().added == TASKS

@@ -19,7 +19,6 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
@@ -27,7 +26,7 @@ import pytest
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_server.service.auth import REQUIRED_ROLE
-from bots_server.service.credentials import hash_token
+from bots_server.testing.tenants import credentials_file, token
 from tests.support.servers import ServerProcess
 
 # name -> (tenant, role); tokens: see token().
@@ -48,19 +47,6 @@ TENANT_ADMIN_CALLS = {"DeleteExperiment"}  # of CHANGES: a writer may not
 RPCS = sorted(READS | CHANGES)
 OK = grpc.StatusCode.OK
 DENIED = grpc.StatusCode.PERMISSION_DENIED
-
-
-def token(principal: str) -> str:
-    return f"{principal}-secret-token-0123456789abcdef"
-
-
-def credentials_file(path: Path, principals: dict[str, tuple[str, str]]) -> Path:
-    entries = [
-        f'[[principals]]\nname = "{name}"\ntenant = "{tenant}"\nrole = "{role}"\ntoken_sha256 = "{hash_token(token(name))}"\n'
-        for name, (tenant, role) in principals.items()
-    ]
-    path.write_text("\n".join(entries))
-    return path
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

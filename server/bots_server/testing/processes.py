@@ -11,6 +11,7 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 
 class ServerProcess:
@@ -116,3 +117,11 @@ class ServerProcess:
 
     def messages(self) -> list[str]:
         return [str(e.get("message")) for e in self.log_lines]
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid` (Linux: /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
