@@ -48,13 +48,13 @@ def flood(budget_mb: int) -> tuple[float, list[str]]:
                 stub = pb_grpc.TaskSelectorStub(channel)
                 for who in PRINCIPALS:
                     stub.CreateExperiment(pb.CreateExperimentRequest(name="flood"), metadata=bearer(who), timeout=20)
-                before = rss_bytes(pid)
+                before = rss_bytes(pid)[0]
                 peak = [before]
                 done = threading.Event()
 
                 def watch() -> None:
                     while not done.is_set():
-                        peak[0] = max(peak[0], rss_bytes(pid))
+                        peak[0] = max(peak[0], rss_bytes(pid)[0])
                         time.sleep(0.02)
 
                 def send(i: int) -> str:

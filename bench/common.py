@@ -24,6 +24,9 @@ RESULTS = REPO / "bench" / "results"
 if str(REPO) not in sys.path:  # `python bench/x.py` as well as `python -m bench.x`
     sys.path.insert(0, str(REPO))
 
+# The benchmarks read a server's memory as the tests do: (VmRSS, VmHWM) in bytes.
+from bots_server.testing.processes import rss_bytes as rss_bytes  # noqa: E402
+
 
 def machine_info() -> dict[str, object]:
     """nproc, CPU model, RAM, versions and the load when the run started."""
@@ -206,17 +209,6 @@ def server_process(db_url: str, extra_args: Sequence[str] = (), processes: int =
     from bots_server.testing.processes import ServerProcess
 
     return ServerProcess(db_url, extra_args=list(extra_args), processes=processes)
-
-
-def rss_bytes(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process in bytes."""
-    rss = hwm = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024
-        elif line.startswith("VmHWM:"):
-            hwm = int(line.split()[1]) * 1024
-    return rss, hwm
 
 
 def io_counters(pid: int) -> dict[str, int]:

@@ -126,14 +126,14 @@ def test_a_flood_of_uploads_keeps_the_server_within_its_budget(budget_server: Se
         stub = pb_grpc.TaskSelectorStub(channel)
         for who in ("a-writer", "b-writer"):
             stub.CreateExperiment(pb.CreateExperimentRequest(name=f"flood-{tag}"), metadata=bearer(who), timeout=20)
-        before = rss_bytes(pid)
+        before = rss_bytes(pid)[0]
         peak = before
         done = threading.Event()
 
         def watch() -> None:
             nonlocal peak
             while not done.is_set():
-                peak = max(peak, rss_bytes(pid))
+                peak = max(peak, rss_bytes(pid)[0])
                 time.sleep(0.02)
 
         watcher = threading.Thread(target=watch)

@@ -26,10 +26,10 @@ import pytest
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_server.service.auth import REQUIRED_ROLE
-from bots_server.testing.tenants import credentials_file, token
+from bots_server.testing.tenants import bearer, credentials_file
 from tests.support.servers import ServerProcess
 
-# name -> (tenant, role); tokens: see token().
+# name -> (tenant, role); tokens: see bots_server.testing.tenants.token().
 PRINCIPALS = {
     "a-reader": ("team-a", "reader"),
     "a-writer": ("team-a", "writer"),
@@ -66,7 +66,7 @@ class Caller:
 
     def call(self, rpc: str, request: object) -> tuple[grpc.StatusCode, object]:
         method = getattr(self.stub, rpc)
-        metadata = (("authorization", f"Bearer {token(self.principal)}"),)
+        metadata = bearer(self.principal)
         try:
             if rpc in ("AddTasks", "RestoreExperiment"):
                 response = method(iter([request]), metadata=metadata, timeout=20)

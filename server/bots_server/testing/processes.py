@@ -119,9 +119,12 @@ class ServerProcess:
         return [str(e.get("message")) for e in self.log_lines]
 
 
-def rss_bytes(pid: int) -> int:
-    """The resident memory of process `pid` (Linux: /proc/<pid>/status)."""
+def rss_bytes(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in bytes: its resident memory now, and at its peak."""
+    rss = hwm = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith("VmHWM:"):
+            hwm = int(line.split()[1]) * 1024
+    return rss, hwm

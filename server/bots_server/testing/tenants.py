@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bots_client.proto import bots_pb2 as pb
+from bots_client.security import bearer as bearer_metadata
 from bots_server.service.credentials import hash_token
 
 
@@ -20,7 +21,7 @@ def token(principal: str) -> str:
 
 def bearer(principal: str) -> tuple[tuple[str, str], ...]:
     """gRPC metadata that authenticates as `principal`."""
-    return (("authorization", f"Bearer {token(principal)}"),)
+    return bearer_metadata(token(principal))
 
 
 def credentials_file(path: Path, principals: dict[str, tuple[str, str]]) -> Path:
