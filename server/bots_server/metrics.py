@@ -148,7 +148,8 @@ class ExperimentMetrics(SelectorObserver, Collector):
         )
         self.tasks_informative = Counter(
             "bots_tasks_informative_total",
-            "Reported task outcomes with 0 < successes < trials: the groups that give a GRPO gradient.",
+            "Reported task outcomes whose rewards differ (0 < successes < trials, or a reward variance above 0): "
+            "the groups that give a GRPO gradient.",
             exp,
             registry=registry,
         )
@@ -161,7 +162,7 @@ class ExperimentMetrics(SelectorObserver, Collector):
         )
         self.batch_informative = Gauge(
             "bots_batch_informative_fraction",
-            "Share of the last reported batch's tasks with 0 < successes < trials.",
+            "Share of the last reported batch's tasks whose rewards differ.",
             exp,
             registry=registry,
         )

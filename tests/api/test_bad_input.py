@@ -194,7 +194,14 @@ def test_report_rejects_bad_outcomes_and_applies_nothing(
         (Code.INVALID_ARGUMENT, "successes = nan", batch.batch_id, {key: (math.nan, 2)}),
         (Code.INVALID_ARGUMENT, "successes = inf", batch.batch_id, {key: (math.inf, 2)}),
         (Code.INVALID_ARGUMENT, "trials = 0", batch.batch_id, {key: (0, 0)}),
-    ]
+        # The sum of squared rewards in [0, 1] lies in [successes^2 / trials, successes].
+        (Code.INVALID_ARGUMENT, "sum_squares = 1.5 is outside [successes^2 / trials, successes] = [0.5, 1]",
+         batch.batch_id, {key: (1, 2, 1.5)}),
+        (Code.INVALID_ARGUMENT, "sum_squares = 0.25 is outside", batch.batch_id, {key: (1, 2, 0.25)}),
+        (Code.INVALID_ARGUMENT, "sum_squares = -1.0", batch.batch_id, {key: (0, 2, -1.0)}),
+        (Code.INVALID_ARGUMENT, "sum_squares = nan", batch.batch_id, {key: (1, 2, math.nan)}),
+        (Code.INVALID_ARGUMENT, "sum_squares = inf", batch.batch_id, {key: (1, 2, math.inf)}),
+    ]  # fmt: skip
     for code, fragment, batch_id, outcomes in cases:
         expect(code, fragment, lambda: client.report_outcomes(exp, batch_id, outcomes))
     twice = pb.ReportOutcomesRequest(

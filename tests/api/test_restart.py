@@ -23,10 +23,16 @@ CONFIG = ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=5, 
 SERVER_ARGS = ["--checkpoint-every-steps", "4", "--checkpoint-every-seconds", "3600"]
 
 
-def outcome(key: str, step: int) -> tuple[float, int]:
-    """A deterministic, uneven outcome (some fractional) for a task at a step."""
+def outcome(key: str, step: int) -> tuple[float, int] | tuple[float, int, float]:
+    """A deterministic, uneven outcome for a task at a step: some fractional,
+    and some of those with a sum of squared rewards (continuous rewards,
+    whose variance the posterior's evidence depends on)."""
     h = int(hashlib.sha256(f"{key}/{step}".encode()).hexdigest(), 16)
-    return (h % 17) / (2 if h % 3 == 0 else 1), 16
+    successes = (h % 17) / (2 if h % 3 == 0 else 1)
+    if h % 3 == 0 and h % 2 == 0:
+        low = successes * successes / 16  # no spread ... successes: the widest
+        return successes, 16, low + (successes - low) * ((h >> 8) % 5) / 4
+    return successes, 16
 
 
 # The opt-in engines beyond the paper read the posterior, the features and the

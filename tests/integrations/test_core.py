@@ -41,8 +41,9 @@ def test_aggregate_outcomes_counts_every_rollout_without_filtering() -> None:
         "x": (1.0, 2),
         "y": (0.0, 1),
     }
+    # Fractional rewards carry their sum of squares: 0.25^2 + 1^2.
     fractional = aggregate_outcomes(["x", "x"], [0.25, 1.0], success_threshold=None)
-    assert fractional == {"x": (1.25, 2)}
+    assert fractional == {"x": (1.25, 2, 1.0625)}
     with pytest.raises(ValueError, match="outside"):
         aggregate_outcomes(["x"], [2.0], success_threshold=None)
     with pytest.raises(ValueError, match="NaN"):
@@ -50,6 +51,22 @@ def test_aggregate_outcomes_counts_every_rollout_without_filtering() -> None:
     with pytest.raises(ValueError, match="one of each"):
         aggregate_outcomes(["x", "y"], [1.0])
     assert merge_outcomes([{"a": (1, 2)}, {"a": (2, 2), "b": (0, 4)}]) == {"a": (3.0, 4), "b": (0.0, 4)}
+
+
+def test_merged_outcomes_keep_the_sum_of_squares_only_when_every_rank_has_it() -> None:
+    merged = merge_outcomes([{"a": (0.5, 2, 0.25), "b": (1.0, 2, 0.5)}, {"a": (1.5, 2, 1.25), "b": (1, 2)}])
+    assert merged == {"a": (2.0, 4, 1.5), "b": (2.0, 4)}
+
+
+def test_informative_means_rewards_that_differ() -> None:
+    from bots_client.integrations._core import rewards_differ
+
+    assert rewards_differ((3, 8)) and not rewards_differ((0, 8)) and not rewards_differ((8, 8))
+    # Eight rewards of 0.3: mean 0.3, no spread (the float sums are not exact).
+    same = aggregate_outcomes(["t"] * 8, [0.3] * 8, success_threshold=None)["t"]
+    assert not rewards_differ(same)
+    spread = aggregate_outcomes(["t"] * 2, [0.2, 0.4], success_threshold=None)["t"]
+    assert rewards_differ(spread)
 
 
 def test_address_and_experiment_come_from_the_config_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -213,7 +213,9 @@ def test_dotted_key_field_features_and_a_non_tensor_reward(
     batch.non_tensor_batch["acc"] = np.array([0.5] * len(batch.non_tensor_batch["index"]), dtype=object)
     sampler.update(batch)
     got = counts(client, exp_name)
-    assert all(got[f"u-{k - 1000}"] == (1.0, 1.0) for k in index_values)  # 2 x 0.5 fractional
+    # 2 x 0.5 fractional: mean 0.5 but no spread, so the posterior takes the
+    # group as one that teaches nothing, on the upper side (engine/rewards.py).
+    assert all(got[f"u-{k - 1000}"] == (2.0, 0.0) for k in index_values)
 
 
 def test_configuration_errors_and_environment(address: str, exp_name: str, monkeypatch: pytest.MonkeyPatch) -> None:

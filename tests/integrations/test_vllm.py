@@ -53,7 +53,7 @@ def test_group_flat_and_score_count_every_sample() -> None:
     assert r.outcomes == {"t0": (2.0, 3), "t1": (3.0, 3), "t2": (0.0, 3)}
     assert r.success_rate["t0"] == pytest.approx(2 / 3)
     partial = score(["t0"], ["p"], [["a", "b"]], lambda k, p, c: 0.25 if c == "a" else 1.0, success_threshold=None)
-    assert partial.outcomes == {"t0": (1.25, 2)}
+    assert partial.outcomes == {"t0": (1.25, 2, 1.0625)}  # with the sum of squared rewards
 
 
 class FakeLLM:

@@ -94,6 +94,32 @@ def test_every_method_has_series_before_its_first_call(metrics_server: MetricsSe
             assert handled(samples, method.name, code) is not None, (method.name, code)
 
 
+def test_continuous_rewards_are_informative_by_their_spread(metrics_server: MetricsServer) -> None:
+    """Rewards in [0, 1] reported with their sum of squares: a group counts as
+    informative when its rewards differ, whatever their mean; the success
+    counters keep the rewards as reported."""
+    name = unique("continuous")
+    with bots_client.Client(metrics_server.address) as client:
+        client.create_experiment(name, ExperimentConfig(seed=3))
+        client.add_tasks(name, [Task(f"t{i}") for i in range(4)])
+        batch = client.select_batch(name, 4, request_key="s0")
+        groups = [
+            (2.0, 4, 1.0),  # 4 x 0.5: no spread
+            (2.0, 4, 1.5),  # 0, 1, 0.5, 0.5
+            (1.2, 4, 0.36),  # 4 x 0.3: no spread
+            (3.0, 4),  # binary, 3 of 4
+        ]
+        client.report_outcomes(name, batch.batch_id, dict(zip(batch.keys, groups)))
+    samples = eventually(
+        metrics_server.samples,
+        lambda s: value(s, "bots_steps_total", experiment=name) == 1,
+        what="the report counted as a step",
+    )
+    assert value(samples, "bots_tasks_informative_total", experiment=name) == 2
+    assert value(samples, "bots_batch_informative_fraction", experiment=name) == pytest.approx(0.5)
+    assert value(samples, "bots_rollout_successes_total", experiment=name) == pytest.approx(8.2)
+
+
 def test_learning_signals_of_a_reported_batch(metrics_server: MetricsServer) -> None:
     name = unique("learn")
     config = ExperimentConfig(seed=3, weak_feature="weak", strong_feature="strong")

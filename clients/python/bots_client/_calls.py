@@ -39,7 +39,18 @@ T = TypeVar("T")
 # Each AddTasks message stays far below gRPC's 4 MB default limit.
 ADD_TASKS_CHUNK_BYTES = 1 << 20
 
-OutcomeValue = tuple[float, int]
+# (successes, trials), or (successes, trials, sum of squared rewards) for
+# rewards in [0, 1] that are not all 0 or 1 (the group's variance counts).
+OutcomeValue = tuple[float, int] | tuple[float, int, float]
+
+
+def outcome_value(value: Sequence[Any]) -> OutcomeValue:
+    """An outcome as the service takes it: (successes, trials[, sum_squares])
+    as float, int[, float]."""
+    if len(value) == 3:
+        return float(value[0]), int(value[1]), float(value[2])
+    successes, trials = value
+    return float(successes), int(trials)
 
 
 @dataclass(frozen=True)
@@ -166,8 +177,11 @@ def _add_outcomes(field: RepeatedCompositeFieldContainer[pb.Outcome], outcomes: 
     # add() builds each message in place; messages built apart and then
     # extended in are copied again (twice the time for a batch of 256).
     add = field.add
-    for k, (s, n) in outcomes.items():
-        add(key=k, successes=float(s), trials=int(n))
+    for k, value in outcomes.items():
+        if len(value) == 3:
+            add(key=k, successes=float(value[0]), trials=int(value[1]), sum_squares=float(value[2]))
+        else:
+            add(key=k, successes=float(value[0]), trials=int(value[1]))
 
 
 def retire_tasks(experiment: str, keys: Iterable[str], retired: bool) -> Call[RetireResult]:

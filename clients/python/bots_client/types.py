@@ -73,11 +73,13 @@ class Task:
 @dataclass(frozen=True)
 class Outcome:
     """What the rollouts of one task gave: `successes` of `trials` (a sum of
-    rewards in [0, 1] may be fractional)."""
+    rewards in [0, 1] may be fractional), and for rewards that are not all
+    0 or 1 the sum of their squares."""
 
     key: str
     successes: float
     trials: int
+    sum_squares: float | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from bots_server.core.domain import Batch, Outcome, ReportResult
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView
 from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
-from bots_server.engine import PosteriorState, apply_outcomes, batch_signals, select, step_rng
+from bots_server.engine import PosteriorState, apply_outcomes, batch_signals, evidence_successes, select, step_rng
 from bots_server.errors import FailedPrecondition, InvalidArgument, NotFound
 from bots_server.store import (
     BatchAlreadyReported,
@@ -113,7 +113,7 @@ class Batches:
                         return await self._report(live, batch_id, outcomes), existing
                     caught_up = True
                     continue
-                self._applied(live, state, event)
+                self._applied(live, state, event, outcomes)
                 self._stored(live, stored)
                 self.checkpoints.after_step(live)
                 return ReportResult(step=event.step, capability=event.capability, duplicate=False), _batch(live, stored)
@@ -167,7 +167,7 @@ class Batches:
                 reported = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
                 assert reported is not None
                 return await self._repeated(live, reported, outcomes)
-            self._applied(live, state, event)
+            self._applied(live, state, event, outcomes)
             self.checkpoints.after_step(live)
             return ReportResult(step=event.step, capability=event.capability, duplicate=False)
         raise contended(live.name)
@@ -206,12 +206,17 @@ class Batches:
             extra={"experiment": live.name, "batch_id": stored.batch_id, "step": stored.step, "batch_size": batch_size},
         )
 
-    def _applied(self, live: LiveExperiment, state: PosteriorState, event: StepEvent) -> None:
-        """Bookkeeping of a report just committed."""
+    def _applied(
+        self, live: LiveExperiment, state: PosteriorState, event: StepEvent, outcomes: Sequence[Outcome]
+    ) -> None:
+        """Bookkeeping of a report just committed (signals from the outcomes
+        as reported: the event holds the posterior's evidence)."""
         rt = self.runtime
         live.state, live.step = state, event.step
         live.open_batches.pop(event.batch_id, None)
-        signals = batch_signals(event.successes, event.trials)
+        signals = batch_signals(
+            [o.successes for o in outcomes], [o.trials for o in outcomes], [o.sum_squares for o in outcomes]
+        )
         view = PosteriorView.of(event.step, state, live.config.target_success)
         rt.notify(rt.observer.report_applied, live.name, event.batch_id, signals, view)
         audit.steps.info(
@@ -375,7 +380,9 @@ def _match(
     live: LiveExperiment, batch: BatchRow, outcomes: Sequence[Outcome]
 ) -> tuple[list[int], list[float], list[int]]:
     """Task indices, successes and trials sorted by task index (the order
-    the event log stores, so a replay sums in the same order)."""
+    the event log stores, so a replay sums in the same order). The successes
+    are the posterior's evidence (engine/rewards.py): what the event log
+    keeps, so a replay needs nothing else."""
     # The batch's own keys, not a lookup in the whole pool: a few times cheaper.
     in_batch = dict(zip(live.keys.take(batch.task_idx), batch.task_idx, strict=True))
     rows = []
@@ -385,6 +392,7 @@ def _match(
             if o.key not in live.keys:
                 raise InvalidArgument(f"task {o.key!r} is not in experiment {live.name!r}")
             raise InvalidArgument(f"task {o.key!r} is not in batch {batch.batch_id!r}")
-        rows.append((idx, float(o.successes), int(o.trials)))
+        successes = evidence_successes(float(o.successes), int(o.trials), o.sum_squares)
+        rows.append((idx, successes, int(o.trials)))
     rows.sort()
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]

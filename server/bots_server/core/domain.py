@@ -75,12 +75,15 @@ class GroupInfo:
 
 class Outcome(NamedTuple):
     """What the rollouts of one task gave: `successes` of `trials` (a sum of
-    rewards in [0, 1] may be fractional). A named tuple, not a frozen
-    dataclass: a report makes one per task, and a tuple is cheaper to make."""
+    rewards in [0, 1] may be fractional), and for rewards that are not all
+    0 or 1 the sum of their squares (engine/rewards.py). A named tuple, not
+    a frozen dataclass: a report makes one per task, and a tuple is cheaper
+    to make."""
 
     key: str
     successes: float
     trials: int
+    sum_squares: float | None = None
 
 
 @dataclass(frozen=True)

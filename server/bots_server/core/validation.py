@@ -144,6 +144,25 @@ def outcomes(batch_id: str, reported: Sequence[Outcome]) -> None:
             raise InvalidArgument(
                 f"task {shown(o.key)}: successes = {o.successes!r} is outside [0, trials = {o.trials}]"
             )
+        if o.sum_squares is not None:
+            _sum_squares(o)
+
+
+# Relative slack of the sum_squares bounds: the trainer sums its floats in
+# an order of its own.
+_SUM_SLACK = 1e-9
+
+
+def _sum_squares(o: Outcome) -> None:
+    """Rewards r_i in [0, 1] have sum(r_i)^2 / n <= sum(r_i^2) <= sum(r_i)."""
+    assert o.sum_squares is not None
+    low, high = o.successes * o.successes / o.trials, o.successes
+    slack = _SUM_SLACK * max(1.0, high)
+    if not math.isfinite(o.sum_squares) or not low - slack <= o.sum_squares <= high + slack:
+        raise InvalidArgument(
+            f"task {shown(o.key)}: sum_squares = {o.sum_squares!r} is outside [successes^2 / trials, successes] = "
+            f"[{low:g}, {high:g}] (the sum of squared rewards in [0, 1])"
+        )
 
 
 def snapshot(

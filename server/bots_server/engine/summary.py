@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bots_server.engine import rewards
 from bots_server.engine.state import PosteriorState
 
 # Half-width of the band around p* a task's success rate should lie in to be
@@ -113,7 +114,7 @@ class BatchSignals:
     """What one report says about the curriculum."""
 
     tasks: int
-    informative: int  # tasks with 0 < successes < trials: a GRPO gradient
+    informative: int  # tasks whose rewards differ (engine/rewards.py): a GRPO gradient
     successes: float
     trials: float
 
@@ -126,15 +127,18 @@ class BatchSignals:
         return self.informative / self.tasks if self.tasks else None
 
 
-def batch_signals(successes: Sequence[float], trials: Sequence[int]) -> BatchSignals:
+def batch_signals(
+    successes: Sequence[float], trials: Sequence[int], sum_squares: Sequence[float | None] | None = None
+) -> BatchSignals:
+    """A report's signals from the outcomes as reported (`sum_squares`: per
+    task, None where the rewards were 0 or 1)."""
     s = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
-    return BatchSignals(
-        tasks=len(n),
-        informative=int(np.count_nonzero((s > 0) & (s < n))),
-        successes=float(s.sum()),
-        trials=float(n.sum()),
-    )
+    if sum_squares is None:
+        informative = int(np.count_nonzero((s > 0) & (s < n)))
+    else:
+        informative = sum(map(rewards.informative, successes, trials, sum_squares))
+    return BatchSignals(tasks=len(n), informative=informative, successes=float(s.sum()), trials=float(n.sum()))
 
 
 @dataclass(frozen=True)

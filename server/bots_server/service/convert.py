@@ -102,7 +102,9 @@ def tasks_from_proto(messages: Iterable[pb.Task]) -> list[Task]:
 
 
 def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> list[Outcome]:
-    return [Outcome(m.key, m.successes, m.trials) for m in messages]
+    return [
+        Outcome(m.key, m.successes, m.trials, m.sum_squares if m.HasField("sum_squares") else None) for m in messages
+    ]
 
 
 def batch_to_proto(batch: Batch) -> pb.Batch:

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from bots_client._calls import config_differences
+from bots_client._calls import OutcomeValue, config_differences, outcome_value
 from bots_client.client import Client
 from bots_client.connection import Connection
 from bots_client.errors import (
@@ -40,7 +40,8 @@ from bots_client.types import Batch, ExperimentConfig, ReportResult, Task
 
 log = logging.getLogger("bots_client.integrations")
 
-OutcomeMap = dict[str, tuple[float, int]]
+# task key -> (successes, trials) or (successes, trials, sum of squared rewards)
+OutcomeMap = dict[str, OutcomeValue]
 
 # Batches drawn but not reported that a Curriculum keeps track of; older ones
 # are forgotten (on the server their leases simply expire).
@@ -61,7 +62,8 @@ class CurriculumSignals:
 
     `success_rate` is the batch's successes over its trials, `informative`
     the fraction of its tasks whose rollouts disagreed (0 < successes <
-    trials: the ones a group-relative advantage learns from), `capability`
+    trials, or a reward variance above 0 where the sum of squared rewards
+    was reported: the ones a group-relative advantage learns from), `capability`
     the service's capability estimate once it has one, and `posterior_mean`
     the mean of the batch's tasks' posterior means after the report (only
     when the Curriculum was asked for it: it costs a snapshot per report).
@@ -95,13 +97,13 @@ class CurriculumSignals:
 def batch_signals(
     number: int,
     result: ReportResult,
-    outcomes: Mapping[str, tuple[float, int]],
+    outcomes: Mapping[str, OutcomeValue],
     posterior_mean: float | None = None,
     dropped_outcomes: int = 0,
 ) -> CurriculumSignals:
-    successes = sum(float(s) for s, _ in outcomes.values())
-    trials = sum(int(n) for _, n in outcomes.values())
-    informative = sum(1 for s, n in outcomes.values() if 0.0 < float(s) < float(n))
+    successes = sum(float(v[0]) for v in outcomes.values())
+    trials = sum(int(v[1]) for v in outcomes.values())
+    informative = sum(1 for v in outcomes.values() if rewards_differ(v))
     return CurriculumSignals(
         step=result.step,
         batch_number=number,
@@ -166,6 +168,21 @@ def distributed_rank_and_world() -> tuple[int, int]:
         return 0, 1
 
 
+# A reward variance this small is rounding in the sums of equal rewards, not
+# a spread (the server's engine/rewards.py NO_SPREAD).
+NO_SPREAD = 1e-9
+
+
+def rewards_differ(value: OutcomeValue) -> bool:
+    """Whether a task's rollouts disagreed: 0 < successes < trials, or with
+    the sum of squared rewards, a reward variance above NO_SPREAD."""
+    successes, trials = float(value[0]), int(value[1])
+    if len(value) == 3:
+        mean = successes / trials
+        return float(value[2]) / trials - mean * mean > NO_SPREAD
+    return 0.0 < successes < trials
+
+
 def aggregate_outcomes(
     keys: Iterable[Any],
     rewards: Iterable[Any],
@@ -178,7 +195,9 @@ def aggregate_outcomes(
     order); `rewards[i]` is its reward. With a threshold, a rollout succeeds
     when its reward is >= the threshold (binary verifiers, or -1/+1 rewards
     with threshold 0). With `success_threshold=None` rewards must lie in
-    [0, 1] and count fractionally (the service accepts fractional successes).
+    [0, 1] and count fractionally (the service accepts fractional successes),
+    and each task's value is (successes, trials, sum of squared rewards), so
+    that the service sees whether the rewards varied.
     A reward of None (a reward function that does not apply) is skipped.
     Nothing is filtered: all-correct and all-wrong groups count like any other.
     """
@@ -201,22 +220,28 @@ def aggregate_outcomes(
             success = value
         else:
             success = 1.0 if value >= success_threshold else 0.0
-        slot = outcomes.setdefault(str(key), [0.0, 0])
+        slot = outcomes.setdefault(str(key), [0.0, 0, 0.0])
         slot[0] += success
         slot[1] += 1
-    return {key: (s, int(n)) for key, (s, n) in outcomes.items()}
+        slot[2] += success * success
+    if success_threshold is None:
+        return {key: (s, int(n), squares) for key, (s, n, squares) in outcomes.items()}
+    return {key: (s, int(n)) for key, (s, n, _) in outcomes.items()}
 
 
-def merge_outcomes(parts: Iterable[Mapping[str, tuple[float, int]]]) -> OutcomeMap:
+def merge_outcomes(parts: Iterable[Mapping[str, Sequence[Any]]]) -> OutcomeMap:
     """Sum per-task outcomes gathered from several ranks (each rank's
-    rollouts of a task are independent trials)."""
-    merged: dict[str, list[float]] = {}
+    rollouts of a task are independent trials). A task keeps its sum of
+    squared rewards only if every rank reported one."""
+    merged: dict[str, list[Any]] = {}
     for part in parts:
-        for key, (s, n) in part.items():
-            slot = merged.setdefault(key, [0.0, 0])
-            slot[0] += float(s)
-            slot[1] += int(n)
-    return {key: (s, int(n)) for key, (s, n) in merged.items()}
+        for key, value in part.items():
+            s, n, *squares = outcome_value(value)
+            slot = merged.setdefault(key, [0.0, 0, 0.0])
+            slot[0] += s
+            slot[1] += n
+            slot[2] = slot[2] + squares[0] if squares and slot[2] is not None else None
+    return {key: outcome_value((s, n) if squares is None else (s, n, squares)) for key, (s, n, squares) in merged.items()}
 
 
 class Curriculum:
@@ -504,7 +529,7 @@ class Curriculum:
 
     def report(
         self,
-        outcomes: Mapping[str, tuple[float, int]],
+        outcomes: Mapping[str, OutcomeValue],
         *,
         batch: SelectedBatch | str | int | None = None,
         strict: bool | None = None,
@@ -530,13 +555,13 @@ class Curriculum:
 
     def _parts(
         self,
-        outcomes: Mapping[str, tuple[float, int]],
+        outcomes: Mapping[str, OutcomeValue],
         batch: SelectedBatch | str | int | None,
         strict: bool | None,
-    ) -> list[tuple[SelectedBatch, dict[str, tuple[float, int]]]]:
+    ) -> list[tuple[SelectedBatch, dict[str, OutcomeValue]]]:
         """The outcomes, each open batch with its share of them; what cannot
         be attributed raises (strict) or is dropped and counted."""
-        clean = {str(k): (float(s), int(n)) for k, (s, n) in outcomes.items()}
+        clean = {str(k): outcome_value(v) for k, v in outcomes.items()}
         with self._lock:
             groups, problems = self._attribute(clean, batch)
             batches = [self._open[b] for b in groups]
@@ -559,7 +584,7 @@ class Curriculum:
 
     def report_in_background(
         self,
-        outcomes: Mapping[str, tuple[float, int]],
+        outcomes: Mapping[str, OutcomeValue],
         *,
         batch: SelectedBatch | str | int | None = None,
         strict: bool | None = None,
@@ -607,7 +632,7 @@ class Curriculum:
         return [] if future is None else future.result()
 
     def _report_groups(
-        self, parts: Sequence[tuple[SelectedBatch, dict[str, tuple[float, int]]]], ahead: int | None = None
+        self, parts: Sequence[tuple[SelectedBatch, dict[str, OutcomeValue]]], ahead: int | None = None
     ) -> list[ReportResult]:
         results = []
         for selected, outcomes in parts:
@@ -617,7 +642,7 @@ class Curriculum:
         return results
 
     def _attribute(
-        self, outcomes: Mapping[str, tuple[float, int]], batch: SelectedBatch | str | int | None
+        self, outcomes: Mapping[str, OutcomeValue], batch: SelectedBatch | str | int | None
     ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """batch id -> the keys it gets, and reason -> the keys that cannot
         be attributed (caller holds the lock)."""
@@ -674,14 +699,14 @@ class Curriculum:
             return holders[0] if len(holders) == 1 else None
 
     def report_batch(
-        self, batch: SelectedBatch | str, outcomes: Mapping[str, tuple[float, int]]
+        self, batch: SelectedBatch | str, outcomes: Mapping[str, OutcomeValue]
     ) -> ReportResult | None:
         """Report one batch's outcomes explicitly and close it."""
         results = self.report(outcomes, batch=batch, strict=True)
         return results[0] if results else None
 
     def _report_batch(
-        self, batch: SelectedBatch, outcomes: Mapping[str, tuple[float, int]], ahead: int | None = None
+        self, batch: SelectedBatch, outcomes: Mapping[str, OutcomeValue], ahead: int | None = None
     ) -> ReportResult | None:
         """Report one batch and close it; with `ahead`, select batch number
         `ahead` in the same call (ReportAndSelect) and keep it for `select`."""
@@ -705,7 +730,7 @@ class Curriculum:
         return result
 
     def _report_and_select(
-        self, batch: SelectedBatch, outcomes: Mapping[str, tuple[float, int]], ahead: int
+        self, batch: SelectedBatch, outcomes: Mapping[str, OutcomeValue], ahead: int
     ) -> ReportResult | None:
         """Report `batch` and select batch number `ahead` in one transaction;
         None when the server refused the pair (e.g. too few tasks free for
@@ -734,7 +759,7 @@ class Curriculum:
         reporting rank's; a logger on that rank sees every batch)."""
         self.listeners.append(listener)
 
-    def _signal(self, batch: SelectedBatch, result: ReportResult, outcomes: Mapping[str, tuple[float, int]]) -> None:
+    def _signal(self, batch: SelectedBatch, result: ReportResult, outcomes: Mapping[str, OutcomeValue]) -> None:
         if not self.listeners and not self.posterior_means:
             self.last_signals = batch_signals(batch.number, result, outcomes, None, self.dropped_outcomes)
             return

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
     Curriculum,
+    OutcomeValue,
     SelectedBatch,
     SignalLog,
     address_and_experiment,
@@ -148,7 +149,8 @@ class PromptStream:
         # before, and the saved pass a checkpoint's state continues.
         self.pass_end = 0
         self._resumed_pass_end: int | None = None
-        # Per open batch: task key -> [rollouts back, scored rollouts, successes].
+        # Per open batch: task key -> [rollouts back, scored rollouts,
+        # successes, sum of squared successes].
         self.returns: dict[int, dict[str, list[float]]] = {}
         self.handed: dict[int, int] = {}
         self.skipped_rollouts = 0
@@ -198,7 +200,7 @@ class PromptStream:
             batch = self.curriculum.open_batch(number)
             if batch is None or key not in batch.keys:
                 continue
-            slot = self.returns[number].setdefault(key, [0, 0, 0.0])
+            slot = self.returns[number].setdefault(key, [0, 0, 0.0, 0.0])
             if slot[0] >= self.rollouts_per_prompt:
                 continue
             slot[0] += 1
@@ -206,7 +208,9 @@ class PromptStream:
                 self.skipped_rollouts += 1
                 return
             slot[1] += 1
-            slot[2] += self._success(key, score)
+            success = self._success(key, score)
+            slot[2] += success
+            slot[3] += success * success
             return
         raise ValueError(
             f"a rollout of task {key!r} came back, but no open batch that handed its prompt out still lacks "
@@ -237,7 +241,11 @@ class PromptStream:
             del self.returns[number], self.handed[number]
             if batch is None:
                 continue
-            outcomes = {k: (s, int(n)) for k, (_, n, s) in returns.items() if n > 0}
+            outcomes: dict[str, OutcomeValue] = {
+                k: (s, int(n)) if self.success_threshold is not None else (s, int(n), squares)
+                for k, (_, n, s, squares) in returns.items()
+                if n > 0
+            }
             unscored = [k for k in batch.keys if k not in outcomes]
             if unscored:
                 log.warning(
@@ -283,7 +291,12 @@ class PromptStream:
             self._draw(number)
             self.position = int(state["position"])
             self.handed[number] = self.position
-            self.returns[number] = {k: [int(v[0]), int(v[1]), float(v[2])] for k, v in state["returns"].items()}
+            # A checkpoint from before the sum of squares was kept: as if the
+            # rewards were 0 or 1 (the service's rule before it saw variances).
+            self.returns[number] = {
+                k: [int(v[0]), int(v[1]), float(v[2]), float(v[3] if len(v) > 3 else v[2])]
+                for k, v in state["returns"].items()
+            }
 
 
 # -- OpenRLHF --------------------------------------------------------------------------

@@ -35,9 +35,11 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from bots_client._calls import outcome_value
 from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
+    OutcomeValue,
     SelectedBatch,
     aggregate_outcomes,
     lazy_class,
@@ -97,12 +99,12 @@ def tensorboard_listener(writer: Any, prefix: str = "curriculum/") -> Callable[[
     return write
 
 
-def all_gather_outcomes(outcomes: Mapping[str, tuple[float, int]]) -> dict[str, tuple[float, int]]:
+def all_gather_outcomes(outcomes: Mapping[str, OutcomeValue]) -> dict[str, OutcomeValue]:
     """Merge per-rank outcomes over torch.distributed (a collective: every
     rank must call it). Without an initialised process group: a copy."""
     dist = _process_group()
     if dist is None:
-        return {k: (float(s), int(n)) for k, (s, n) in outcomes.items()}
+        return {k: outcome_value(v) for k, v in outcomes.items()}
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, dict(outcomes))
     return merge_outcomes(parts)
@@ -227,7 +229,7 @@ class _SamplerBase:
 
     def report(
         self,
-        outcomes: Mapping[str, tuple[float, int]],
+        outcomes: Mapping[str, OutcomeValue],
         *,
         batch: SelectedBatch | str | int | None = None,
         gather: bool | None = None,

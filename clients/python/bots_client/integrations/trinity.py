@@ -74,6 +74,7 @@ from bots_client.errors import NotFoundError
 from bots_client.integrations._core import (
     MAX_OPEN_BATCHES,
     Curriculum,
+    OutcomeValue,
     SelectedBatch,
     address_and_experiment,
     config_flag,
@@ -397,7 +398,7 @@ class BotsSelector:
         if len(indices) != len(values):
             raise ValueError(f"got {len(indices)} indices but {len(values)} values")
         trials = self.rollouts_per_task
-        outcomes: dict[str, tuple[float, int]] = {}
+        outcomes: dict[str, OutcomeValue] = {}
         for index, value in zip(indices, values):
             i = int(index)
             if not 0 <= i < self.dataset_size:
@@ -432,7 +433,7 @@ class BotsSelector:
                     )
                     self.curriculum.close(b)
         del self._reads[: position + 1]
-        parts: dict[str, dict[str, tuple[float, int]]] = {}
+        parts: dict[str, dict[str, OutcomeValue]] = {}
         for key, outcome in outcomes.items():
             parts.setdefault(read.owner[key].batch_id, {})[key] = outcome
         results = []

@@ -54,8 +54,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from bots_client._calls import outcome_value
 from bots_client.integrations._core import (
     Curriculum,
+    OutcomeValue,
     SelectedBatch,
     SignalLog,
     UnattributedOutcomesError,
@@ -421,13 +423,13 @@ class BotsGRPO:
 
 
 def _all_gather_keys_and_outcomes(
-    keys: list[str], outcomes: Mapping[str, tuple[float, int]]
-) -> tuple[list[str], dict[str, tuple[float, int]]]:
+    keys: list[str], outcomes: Mapping[str, OutcomeValue]
+) -> tuple[list[str], dict[str, OutcomeValue]]:
     """Every process's completion keys and merged outcomes (a collective
     under torch.distributed; without a process group: these)."""
     dist = _process_group()
     if dist is None:
-        return keys, {k: (float(s), int(n)) for k, (s, n) in outcomes.items()}
+        return keys, {k: outcome_value(v) for k, v in outcomes.items()}
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, (keys, dict(outcomes)))
     return [k for part_keys, _ in parts for k in part_keys], merge_outcomes(o for _, o in parts)

@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
+    OutcomeValue,
     UnattributedOutcomesError,
     address_and_experiment,
     aggregate_outcomes,
@@ -333,7 +334,7 @@ def outcomes_from_batch(
     key_field: Any = "index",
     reward_key: str = "token_level_scores",
     success_threshold: float | None = 0.5,
-) -> dict[str, tuple[float, int]]:
+) -> dict[str, OutcomeValue]:
     """Per-task (successes, trials) over every rollout row of a `DataProto`
     (the n rollouts of a prompt are n rows sharing its key; row order does
     not matter, so verl's batch balancing is harmless)."""
@@ -440,7 +441,7 @@ class _CurriculumSampler(_BotsSampler):
         (only with `strict: false`; a strict sampler raises instead)."""
         return self.curriculum.dropped_outcomes
 
-    def outcomes(self, batch: Any) -> dict[str, tuple[float, int]]:
+    def outcomes(self, batch: Any) -> dict[str, OutcomeValue]:
         """Per-task (successes, trials) of a `DataProto`, each key field read
         from the location fixed at start (`key_locations`)."""
         keys = _batch_keys(batch, self.key_locations, fallback=False)
@@ -473,7 +474,7 @@ class _CurriculumSampler(_BotsSampler):
         finally:
             self._reported_early.clear()
 
-    def _report(self, outcomes: Mapping[str, tuple[float, int]], where: str) -> list[ReportResult]:
+    def _report(self, outcomes: Mapping[str, OutcomeValue], where: str) -> list[ReportResult]:
         """Report to the batch the rollouts came from: the batch drawn last
         (what verl trains on, with num_workers=0) when it holds every key,
         else the core's attribution (each key's one open batch)."""

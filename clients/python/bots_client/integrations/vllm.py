@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from bots_client.integrations._core import aggregate_outcomes
+from bots_client.integrations._core import OutcomeValue, aggregate_outcomes
 from bots_client.types import ReportResult
 
 if TYPE_CHECKING:
@@ -87,13 +87,13 @@ class Rollouts:
     prompts: list[Any]
     completions: list[list[str]]
     rewards: list[list[float]]
-    outcomes: dict[str, tuple[float, int]] = field(default_factory=dict)
+    outcomes: dict[str, OutcomeValue] = field(default_factory=dict)
     # completions that came back without content, verified as "" (on_empty="score")
     empty: int = 0
 
     @property
     def success_rate(self) -> dict[str, float]:
-        return {k: (s / n if n else 0.0) for k, (s, n) in self.outcomes.items()}
+        return {k: (v[0] / v[1] if v[1] else 0.0) for k, v in self.outcomes.items()}
 
 
 def group_flat(flat: Sequence[Any], n: int) -> list[list[Any]]:

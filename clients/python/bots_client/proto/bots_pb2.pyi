@@ -256,14 +256,16 @@ class Batch(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., step: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., request_key: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Outcome(_message.Message):
-    __slots__ = ("key", "successes", "trials")
+    __slots__ = ("key", "successes", "trials", "sum_squares")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SUCCESSES_FIELD_NUMBER: _ClassVar[int]
     TRIALS_FIELD_NUMBER: _ClassVar[int]
+    SUM_SQUARES_FIELD_NUMBER: _ClassVar[int]
     key: str
     successes: float
     trials: int
-    def __init__(self, key: _Optional[str] = ..., successes: _Optional[float] = ..., trials: _Optional[int] = ...) -> None: ...
+    sum_squares: float
+    def __init__(self, key: _Optional[str] = ..., successes: _Optional[float] = ..., trials: _Optional[int] = ..., sum_squares: _Optional[float] = ...) -> None: ...
 
 class ReportOutcomesRequest(_message.Message):
     __slots__ = ("experiment", "batch_id", "outcomes")
