@@ -21,7 +21,8 @@ Arms (ARMS, a name -> ExperimentConfig-overrides table; None: no service):
 ExperimentConfig(rollouts_per_task=rollouts, seed=seed, **overrides) on one
 `bots-server` (a temporary SQLite file) and reports each rollout's reward
 (family c: `report_rewards(..., success_threshold=None)`, fractional
-successes). No arm gets reference pass rates (no weak/strong features), so
+successes with their sum of squares, so the group's variance counts; an arm
+with report_spread=0 sends the mean reward only, see REPORTING). No arm gets reference pass rates (no weak/strong features), so
 the plug-in and `track_prediction` are inert and "bots-plus" is the
 expected-loss selection with forgetting 0.05.
 
@@ -68,6 +69,10 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "bots-ref": {**REFERENCE},
     "bots-plus-ref": {"selection_mode": "expected", "track_prediction": 0.5, "forgetting": 0.05, **REFERENCE},
 }
+# Arm keys that are not ExperimentConfig fields, on how the arm reports:
+# report_spread=0 sends family c's mean rewards without their sum of squares
+# (`--arm bots-mean:report_spread=0`), so the posterior follows the mean.
+REPORTING = ("report_spread",)
 QUICK_STEPS = {"a": 40, "b": 30, "c": 30}  # --quick budgets (1 seed): a smoke test, not a result
 
 
@@ -330,6 +335,7 @@ def train(
     from torch.utils.data import DataLoader
 
     import bots_client
+    from bots_client.integrations import aggregate_outcomes
     from bots_client.integrations.torch import BotsSampler
 
     spec, pool = family.spec, family.pool
@@ -338,6 +344,7 @@ def train(
     generator = torch.Generator().manual_seed(1_000_003 * seed + ord(family.spec.name[0]))
     curve = Curve(spec.name, arm, seed, budget)
     sampler = None
+    report_spread = True
     if overrides is None:
         loader: Any = DataLoader(
             pool, batch_size=spec.batch, shuffle=True, drop_last=True,
@@ -345,7 +352,9 @@ def train(
         )  # fmt: skip
     else:
         assert address is not None, "a service arm needs a server"
-        config = bots_client.ExperimentConfig(**{"rollouts_per_task": spec.rollouts, "seed": seed, **overrides})
+        report_spread = bool(overrides.get("report_spread", True))
+        fields = {k: v for k, v in overrides.items() if k not in REPORTING}
+        config = bots_client.ExperimentConfig(**{"rollouts_per_task": spec.rollouts, "seed": seed, **fields})
         if config.weak_feature and features is None:
             raise ValueError(f"arm {arm!r} names reference features, but none were measured")
         sampler = BotsSampler(
@@ -386,7 +395,12 @@ def train(
             window[pool.tiers[i]] = window.get(pool.tiers[i], 0.0) + 1.0
         if sampler is not None:
             threshold = None if spec.fractional else 0.5
-            sampler.report_rewards(rows.tolist(), reward.tolist(), success_threshold=threshold)
+            if report_spread:
+                sampler.report_rewards(rows.tolist(), reward.tolist(), success_threshold=threshold)
+            else:
+                keys = [pool.keys[i] for i in rows.tolist()]
+                outcomes = aggregate_outcomes(keys, reward.tolist(), success_threshold=threshold)
+                sampler.report({k: v[:2] for k, v in outcomes.items()})
         if step % spec.eval_every == 0 or step == budget:
             evaluation(step)
             span = step - curve.steps[-2]
