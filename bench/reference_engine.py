@@ -183,7 +183,9 @@ def ref_bots_update(
         has_prediction = ~np.isnan(predicted)
         rho_i = np.where(has_prediction, rho, 0.0)
         predicted = np.where(has_prediction, predicted, 0.0)
-    alpha = (1 - lam) * previous_alpha + lam * params.prior_alpha + (1 - rho_i) * explicit_s + rho_i * m * predicted
+    # alpha's forgetting: keep_successes spares its share for tasks without both features
+    lam_a = np.where(np.isnan(state.weak) | np.isnan(state.strong), lam * (1 - params.keep_successes), lam)
+    alpha = (1 - lam_a) * previous_alpha + lam_a * params.prior_alpha + (1 - rho_i) * explicit_s + rho_i * m * predicted
     beta = (1 - lam) * previous_beta + lam * params.prior_beta + (1 - rho_i) * explicit_f + rho_i * m * (1 - predicted)
     return UpdateResult(PosteriorState(alpha, beta, state.weak, state.strong, capability, halvings), c_hat)
 

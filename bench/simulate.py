@@ -128,6 +128,14 @@ ENGINES: tuple[Method, ...] = (
         group="engine",
         settings=(("track_prediction", 0.5), _EXPECTED),
     ),
+    Method("bots-keep", "BOTS + successes kept (keep_successes=1)", group="engine", settings=(("keep_successes", 1.0),)),
+    Method(
+        "bots-plus-keep",
+        "bots-plus + successes kept (keep_successes=1)",
+        forgetting=0.05,
+        group="engine",
+        settings=(("track_prediction", 0.5), _EXPECTED, ("keep_successes", 1.0)),
+    ),
     Method(
         "bots-all",
         "BOTS + all three (tracking 0.5, lambda=0.05)",

@@ -71,6 +71,7 @@ def random_params(rng: np.random.Generator) -> EngineParams:
         target_success=float(pick(0.5, 0.0, 1.0, rng.random())),
         temperature=float(pick(1.0, 0.05, 3.0)),
         forgetting=float(pick(0.1, 0.0, -0.0, 1.0, rng.random())),
+        keep_successes=float(pick(0.0, 0.0, 1.0, rng.random())),
         implicit_weight=float(pick(0.1, 0.0, 1.0, rng.random())),
         rollouts_per_task=int(pick(16, 1, 8, 1000)),
         prior_alpha=float(pick(1.0, 0.5, 3.7)),

@@ -347,6 +347,21 @@ def test_forgetting_and_prior_parameters() -> None:
     assert result.state.beta.tolist() == approx([5.0, 12.0, 7.0])
 
 
+def test_keep_successes_spares_alpha_its_share_of_the_forgetting() -> None:
+    """keep_successes = k forgets alpha at lambda (1 - k), beta at lambda."""
+    state = state_of((10, 20, 30), (5, 6, 7), (NAN,) * 3, (NAN,) * 3)
+    params = EngineParams(forgetting=0.5, keep_successes=1.0, implicit_weight=0.0, rollouts_per_task=8)
+    result = apply_outcomes(params, state, ints(1), arr(1), arr(4))
+    # alpha kept (10, 20 + 2, 30); beta 0.5 * b + 0.5: (3, 3.5 + 6, 4)
+    assert result.state.alpha.tolist() == approx([10.0, 22.0, 30.0])
+    assert result.state.beta.tolist() == approx([3.0, 9.5, 4.0])
+    params = EngineParams(forgetting=0.5, keep_successes=0.5, implicit_weight=0.0, rollouts_per_task=8)
+    result = apply_outcomes(params, state, ints(1), arr(1), arr(4))
+    # alpha forgets at 0.25: 0.75 a + 0.25 -> (7.75, 15.25 + 2, 22.75)
+    assert result.state.alpha.tolist() == approx([7.75, 17.25, 22.75])
+    assert result.state.beta.tolist() == approx([3.0, 9.5, 4.0])
+
+
 # --------------------------------------------------------------------------
 # 5. Missing features
 # --------------------------------------------------------------------------

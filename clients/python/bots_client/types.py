@@ -61,6 +61,7 @@ class ExperimentConfig:
     track_prediction: float = 0.0
     implicit_reliability: float = 0.0
     random_stream: int = 2
+    keep_successes: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,14 @@ class EngineParams:
     strategy: str = setting("bots", "selection and update rule (engine/strategies)", choices=_strategy_names)
     target_success: float = setting(0.5, "p*: the success rate batches are picked around", low=0.0, high=1.0)
     forgetting: float = setting(0.1, "lambda: pull of the posterior toward the prior per step", low=0.0, high=1.0)
+    keep_successes: float = setting(
+        0.0,
+        "share of the forgetting that a task's successes (alpha) are spared: 0 forgets both toward the prior "
+        "(the paper), 1 keeps every success and forgets only failures, for learners whose pass rates rarely "
+        "fall back (docs/choosing-a-strategy.md)",
+        low=0.0,
+        high=1.0,
+    )
     implicit_weight: float = setting(0.1, "rho: weight of the plug-in's prediction", low=0.0, high=1.0)
     rollouts_per_task: int = setting(16, "m: evidence scale of a reported rate", low=1, high=1_000_000)
     selection_mode: str = setting(

@@ -19,6 +19,7 @@ _EPS = 1e-6
 SELECTION_SETTINGS = ("target_success", "selection_mode", "temperature", "candidate_ratio")
 UPDATE_SETTINGS = (
     "forgetting",
+    "keep_successes",
     "implicit_weight",
     "rollouts_per_task",
     "prior_alpha",
@@ -39,8 +40,9 @@ _MIN_VARIANCE = 1e-4
 def update(
     params: EngineParams, state: PosteriorState, tasks: np.ndarray, successes: np.ndarray, trials: np.ndarray
 ) -> UpdateResult:
-    """alpha_i' = (1 - lam) alpha_i + lam a0 + (1 - rho_i) e_i + rho_i m q_i
-    (beta alike with failures and 1 - q_i): e_i the explicit evidence
+    """alpha_i' = (1 - lam_a) alpha_i + lam_a a0 + (1 - rho_i) e_i + rho_i m q_i
+    (beta alike with lam, failures and 1 - q_i; lam_a = lam (1 - keep_successes),
+    which is lam itself by default): e_i the explicit evidence
     m r_i of a reported task (0 elsewhere), q_i the plug-in's prediction
     (the observed rate r_i for a reported task), rho_i = rho where there is a
     prediction, else 0.
@@ -53,6 +55,7 @@ def update(
     term; adding +0.0 changes nothing but -0.0, see _forget_into."""
     rate = successes / trials
     lam, rho, m = params.forgetting, params.implicit_weight, params.rollouts_per_task
+    lam_alpha = _success_forgetting(params, state.weak[tasks], state.strong[tasks])
 
     capability, c_hat = _capability(params, state, tasks, rate)
     carry = _carry(params, state, capability)
@@ -86,8 +89,8 @@ def update(
     # Reported tasks: the whole formula, recomputed from their previous
     # posterior (this overwrites what the passes above wrote there).
     alpha[tasks] = (
-        (1 - lam) * previous_alpha
-        + lam * params.prior_alpha
+        (1 - lam_alpha) * previous_alpha
+        + lam_alpha * params.prior_alpha
         + (1 - reported_rho) * (rate * m)
         + reported_rho * m * reported_prediction
     )
@@ -127,13 +130,40 @@ def _blended(
         a, b = alpha[block], beta[block]
         weak, strong = state.weak[block], state.strong[block]
         previous_alpha, previous_beta = _previous(params, carry, weak, strong, state.alpha[block], state.beta[block])
-        _forget_into(previous_alpha, lam, params.prior_alpha, a)
+        _forget_alpha_into(previous_alpha, _success_forgetting(params, weak, strong), params.prior_alpha, a)
         _forget_into(previous_beta, lam, params.prior_beta, b)
         if weight > 0:
             size = a.shape[0]
             q = _predict_into(weak, strong, capability, predicted[:size])
             _add_implicit(a, b, q, weight, term[:size])
     return alpha, beta
+
+
+def _success_forgetting(params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> float | np.ndarray:
+    """The forgetting of these tasks' alpha: lambda, less the share
+    keep_successes spares for tasks without both reference features. For a
+    learner that improves, past successes stay true (a solved task stays
+    solved) while past failures go stale (a task becomes learnable); the
+    plug-in already models the improvement of tasks with features, whose
+    implicit pseudo-counts would pile up in an alpha that never forgets.
+    Without keep_successes: lambda itself, a scalar (the paper's path)."""
+    lam = params.forgetting
+    if params.keep_successes == 0:
+        return lam
+    predicted = ~(np.isnan(weak) | np.isnan(strong))
+    return np.where(predicted, lam, lam * (1 - params.keep_successes))
+
+
+def _forget_alpha_into(previous: np.ndarray, lam: float | np.ndarray, prior: float, out: np.ndarray) -> None:
+    """_forget_into with a forgetting per task: (1 - lam_i) previous_i +
+    lam_i prior, then + 0.0 as the formula's zero terms (a -0.0 becomes
+    +0.0, nothing else changes)."""
+    if not isinstance(lam, np.ndarray):
+        _forget_into(previous, lam, prior, out)
+        return
+    np.multiply(previous, 1 - lam, out=out)
+    np.add(out, lam * prior, out=out)
+    np.add(out, 0.0, out=out)
 
 
 def _forget_into(previous: np.ndarray, lam: float, prior: float, out: np.ndarray) -> None:
