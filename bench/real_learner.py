@@ -68,6 +68,7 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "bots-plus": {"selection_mode": "expected", "track_prediction": 0.5, "forgetting": 0.05},
     "bots-ref": {**REFERENCE},
     "bots-plus-ref": {"selection_mode": "expected", "track_prediction": 0.5, "forgetting": 0.05, **REFERENCE},
+    "bots-keep": {"keep_successes": 1.0},
 }
 # Arm keys that are not ExperimentConfig fields, on how the arm reports:
 # report_spread=0 sends family c's mean rewards without their sum of squares

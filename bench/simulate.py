@@ -130,6 +130,13 @@ ENGINES: tuple[Method, ...] = (
     ),
     Method("bots-keep", "BOTS + successes kept (keep_successes=1)", group="engine", settings=(("keep_successes", 1.0),)),
     Method(
+        "bots-keep-lam0.3",
+        "BOTS + successes kept, failures forgotten at lambda=0.3",
+        forgetting=0.3,
+        group="engine",
+        settings=(("keep_successes", 1.0),),
+    ),
+    Method(
         "bots-plus-keep",
         "bots-plus + successes kept (keep_successes=1)",
         forgetting=0.05,
