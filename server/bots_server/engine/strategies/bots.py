@@ -41,8 +41,9 @@ def update(
     params: EngineParams, state: PosteriorState, tasks: np.ndarray, successes: np.ndarray, trials: np.ndarray
 ) -> UpdateResult:
     """alpha_i' = (1 - lam_a) alpha_i + lam_a a0 + (1 - rho_i) e_i + rho_i m q_i
-    (beta alike with lam, failures and 1 - q_i; lam_a = lam (1 - keep_successes),
-    which is lam itself by default): e_i the explicit evidence
+    (beta alike with lam, failures and 1 - q_i; lam_a = lam (1 - keep_successes)
+    for a task without both features, else lam, and lam itself by default):
+    e_i the explicit evidence
     m r_i of a reported task (0 elsewhere), q_i the plug-in's prediction
     (the observed rate r_i for a reported task), rho_i = rho where there is a
     prediction, else 0.
