@@ -44,6 +44,8 @@ OPT_IN = ExperimentConfig(
 # Adaptive rho (the reference's rule) with a threshold this workload's errors
 # reach in the first steps: its halvings must survive the checkpoint.
 ADAPTIVE_RHO = ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=5, adaptive_rho_error=0.05)
+# Successes kept: no features named, so every task is spared (a per-task forgetting).
+KEEP_SUCCESSES = ExperimentConfig(seed=5, keep_successes=1.0, forgetting=0.3)
 
 
 def run_steps(client: bots_client.Client, name: str, steps: range) -> list[list[str]]:
@@ -114,7 +116,9 @@ def test_restart_rebuilds_identical_posterior_and_continues_identically(two_data
         reference.kill()
 
 
-@pytest.mark.parametrize("config", [OPT_IN, ADAPTIVE_RHO], ids=["beyond-the-paper", "adaptive-rho"])
+@pytest.mark.parametrize(
+    "config", [OPT_IN, ADAPTIVE_RHO, KEEP_SUCCESSES], ids=["beyond-the-paper", "adaptive-rho", "keep-successes"]
+)
 def test_restart_continues_the_opt_in_engines_identically(tmp_path, config: ExperimentConfig) -> None:
     reference = ServerProcess(f"sqlite:///{tmp_path / 'ref.db'}", extra_args=SERVER_ARGS).start()
     db = f"sqlite:///{tmp_path / 'run.db'}"
