@@ -74,17 +74,25 @@ def select(size: int = 2, key: str = "k", exp: str | None = None) -> Callable[[s
     return lambda e: pb.SelectBatchRequest(experiment=e if exp is None else exp, batch_size=size, request_key=key)
 
 
-def report(batch: str | None, *outcomes: tuple[str, float, int]) -> Callable[[str], Any]:
+Reported = tuple[str, float, int] | tuple[str, float, int, float]  # key, successes, trials[, sum_squares]
+
+
+def outcome(reported: Reported, key: str | None = None) -> pb.Outcome:
+    message = pb.Outcome(key=reported[0] if key is None else key, successes=reported[1], trials=reported[2])
+    if len(reported) == 4:
+        message.sum_squares = reported[3]
+    return message
+
+
+def report(batch: str | None, *outcomes: Reported) -> Callable[[str], Any]:
     """batch None: the experiment's reported batch (looked up by the fixture)."""
     return lambda e: pb.ReportOutcomesRequest(
-        experiment=e,
-        batch_id=BATCHES[e] if batch is None else batch,
-        outcomes=[pb.Outcome(key=k, successes=s, trials=n) for k, s, n in outcomes],
+        experiment=e, batch_id=BATCHES[e] if batch is None else batch, outcomes=[outcome(o) for o in outcomes]
     )
 
 
 def report_and_select(
-    batch: str | None, *outcomes: tuple[str, float, int], size: int = 2, key: str = "k", exp: str | None = None
+    batch: str | None, *outcomes: Reported, size: int = 2, key: str = "k", exp: str | None = None
 ) -> Callable[[str], Any]:
     """batch None: the experiment's open batch; REPORTED: its reported batch,
     with the outcomes it was reported with unless others are given. A key
@@ -97,9 +105,7 @@ def report_and_select(
             request.outcomes.extend(REPORTS[e].outcomes)
         else:
             request.batch_id = {None: BATCHES.get(e, ""), REPORTED: REPORTS[e].batch_id}.get(batch, batch or "")
-            request.outcomes.extend(
-                pb.Outcome(key=OPEN_KEYS[e][0] if k == IN_OPEN else k, successes=s, trials=n) for k, s, n in outcomes
-            )
+            request.outcomes.extend(outcome(o, OPEN_KEYS[e][0] if o[0] == IN_OPEN else None) for o in outcomes)
         return request
 
     return build
@@ -244,6 +250,8 @@ CASES = [
     Case("report-successes-above-trials", "ReportOutcomes", report(None, ("t0", 3, 2)), Code.INVALID_ARGUMENT, "successes = 3.0"),
     Case("report-successes-negative", "ReportOutcomes", report(None, ("t0", -1, 2)), Code.INVALID_ARGUMENT, "successes = -1.0"),
     Case("report-successes-nan", "ReportOutcomes", report(None, ("t0", NAN, 2)), Code.INVALID_ARGUMENT, "successes = nan"),
+    Case("report-sum-squares-above-successes", "ReportOutcomes", report(None, ("t0", 1, 2, 1.5)), Code.INVALID_ARGUMENT, "sum_squares = 1.5 is outside"),
+    Case("report-sum-squares-nan", "ReportOutcomes", report(None, ("t0", 1, 2, NAN)), Code.INVALID_ARGUMENT, "sum_squares = nan"),
     Case("report-unknown-experiment", "ReportOutcomes", lambda e: pb.ReportOutcomesRequest(experiment="no-such-exp", batch_id="b", outcomes=[pb.Outcome(key="a", successes=1, trials=1)]), Code.NOT_FOUND, "not found"),
     # -- ReportAndSelect: the report's checks, the select's, and neither applied ---
     Case("ras-empty-batch-id", "ReportAndSelect", report_and_select("", ("t0", 1, 2)), Code.INVALID_ARGUMENT, "batch_id is empty"),
@@ -252,6 +260,7 @@ CASES = [
     Case("ras-unknown-task", "ReportAndSelect", report_and_select(None, ("ghost", 1, 2)), Code.INVALID_ARGUMENT, "'ghost' is not in experiment"),
     Case("ras-trials-zero", "ReportAndSelect", report_and_select(None, ("t0", 0, 0)), Code.INVALID_ARGUMENT, "trials = 0"),
     Case("ras-successes-nan", "ReportAndSelect", report_and_select(None, ("t0", NAN, 2)), Code.INVALID_ARGUMENT, "successes = nan"),
+    Case("ras-sum-squares-below", "ReportAndSelect", report_and_select(None, ("t0", 1, 2, 0.25)), Code.INVALID_ARGUMENT, "sum_squares = 0.25 is outside"),
     Case("ras-size-zero", "ReportAndSelect", report_and_select(None, ("t0", 1, 2), size=0), Code.INVALID_ARGUMENT, "batch_size"),
     Case("ras-larger-than-pool", "ReportAndSelect", report_and_select(None, ("t0", 1, 2), size=11), Code.INVALID_ARGUMENT, "larger than the pool"),
     Case("ras-key-nul", "ReportAndSelect", report_and_select(None, ("t0", 1, 2), key="k\x00"), Code.INVALID_ARGUMENT, "NUL"),
