@@ -43,6 +43,8 @@ def test_rewards_of_0_or_1_are_taken_exactly_as_without_sum_squares() -> None:
         assert evidence_successes(float(s), 8, float(s)) == float(s)  # every r_i^2 = r_i
         assert evidence_successes(float(s), 8, None) == float(s)
         assert informative(float(s), 8, float(s)) == informative(float(s), 8, None) == (0 < s < 8)
+    # One success in 2^31 - 1 trials: a variance below NO_SPREAD, still a mixed group.
+    assert informative(1.0, 2**31 - 1, 1.0) and evidence_successes(1.0, 2**31 - 1, 1.0) == 1.0
 
 
 def test_a_group_without_spread_teaches_nothing_whatever_its_mean() -> None:

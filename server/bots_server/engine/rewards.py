@@ -50,7 +50,8 @@ def evidence_successes(successes: float, trials: int, sum_squares: float | None)
 
 def informative(successes: float, trials: int, sum_squares: float | None) -> bool:
     """Whether the group's rewards differ: 0 < successes < trials for 0/1
-    rewards, a variance above 0 with sum_squares."""
-    if sum_squares is None:
+    rewards (whatever the trials: no threshold), a variance above 0 with
+    sum_squares otherwise."""
+    if sum_squares is None or sum_squares == successes:
         return 0.0 < successes < trials
     return group_variance(successes, trials, sum_squares) > 0.0

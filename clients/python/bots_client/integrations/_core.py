@@ -177,7 +177,7 @@ def rewards_differ(value: OutcomeValue) -> bool:
     """Whether a task's rollouts disagreed: 0 < successes < trials, or with
     the sum of squared rewards, a reward variance above NO_SPREAD."""
     successes, trials = float(value[0]), int(value[1])
-    if len(value) == 3:
+    if len(value) == 3 and float(value[2]) != successes:  # equal: rewards of 0 or 1
         mean = successes / trials
         return float(value[2]) / trials - mean * mean > NO_SPREAD
     return 0.0 < successes < trials
