@@ -128,17 +128,16 @@ class BatchSignals:
 
 
 def batch_signals(
-    successes: Sequence[float], trials: Sequence[int], sum_squares: Sequence[float | None] | None = None
+    successes: Sequence[float], trials: Sequence[int], sum_squares: Sequence[float | None]
 ) -> BatchSignals:
     """A report's signals from the outcomes as reported (`sum_squares`: per
     task, None where the rewards were 0 or 1)."""
-    s = np.asarray(successes, dtype=np.float64)
-    n = np.asarray(trials, dtype=np.float64)
-    if sum_squares is None:
-        informative = int(np.count_nonzero((s > 0) & (s < n)))
-    else:
-        informative = sum(map(rewards.informative, successes, trials, sum_squares))
-    return BatchSignals(tasks=len(n), informative=informative, successes=float(s.sum()), trials=float(n.sum()))
+    return BatchSignals(
+        tasks=len(trials),
+        informative=sum(map(rewards.informative, successes, trials, sum_squares)),
+        successes=float(np.asarray(successes, dtype=np.float64).sum()),
+        trials=float(np.asarray(trials, dtype=np.float64).sum()),
+    )
 
 
 @dataclass(frozen=True)
