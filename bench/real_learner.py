@@ -396,12 +396,9 @@ def train(
             window[pool.tiers[i]] = window.get(pool.tiers[i], 0.0) + 1.0
         if sampler is not None:
             threshold = None if spec.fractional else 0.5
-            if report_spread:
-                sampler.report_rewards(rows.tolist(), reward.tolist(), success_threshold=threshold)
-            else:
-                keys = [pool.keys[i] for i in rows.tolist()]
-                outcomes = aggregate_outcomes(keys, reward.tolist(), success_threshold=threshold)
-                sampler.report({k: v[:2] for k, v in outcomes.items()})
+            keys = [pool.keys[i] for i in rows.tolist()]
+            outcomes = aggregate_outcomes(keys, reward.tolist(), success_threshold=threshold)
+            sampler.report(outcomes if report_spread else {k: v[:2] for k, v in outcomes.items()})
         if step % spec.eval_every == 0 or step == budget:
             evaluation(step)
             span = step - curve.steps[-2]
