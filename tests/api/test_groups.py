@@ -94,6 +94,28 @@ def test_minimum_and_maximum_shares(client: bots_client.Client) -> None:
     assert all(g.min_share is None for g in client.list_groups(name))
 
 
+def test_adaptive_shares_move_batches_away_from_a_solved_group(client: bots_client.Client) -> None:
+    """Groups without shares set, adaptive_shares=1: equal shares while every
+    group is at the prior (40, 20 and 10 tasks: the ranking alone would favour
+    math's 40), then math, solved (every rollout right, code and logic half
+    right), keeps about f_math / sum(f) = 0.05 of a batch: 0 or 1 of 10."""
+    name = experiment(client, rollouts_per_task=8, adaptive_shares=1.0)
+    per_batch = []
+    for step in range(12):
+        batch = client.select_batch(name, 10, request_key=f"s{step}")
+        client.report_outcomes(name, batch.batch_id, {k: (8 if k.startswith("math") else 4, 8) for k in batch.keys})
+        per_batch.append(counts(batch))
+    assert sorted(per_batch[0].values()) == [3, 3, 4], per_batch[0]
+    assert all(c.get("math", 0) <= 1 for c in per_batch[3:]), per_batch
+
+
+def test_adaptive_shares_out_of_range_are_rejected(client: bots_client.Client) -> None:
+    for value in (1.5, -0.1, float("nan")):
+        with pytest.raises(bots_client.InvalidArgumentError) as info:
+            client.create_experiment(f"bad-{uuid.uuid4().hex[:8]}", ExperimentConfig(adaptive_shares=value))
+        assert "adaptive_shares" in info.value.message
+
+
 def test_bad_shares_are_rejected_and_change_nothing(client: bots_client.Client) -> None:
     name = experiment(client)
     client.set_group_shares(name, {"math": 0.5, "code": 0.5})

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bots_server.engine import EngineParams, select, step_rng
-from bots_server.engine.quotas import GroupQuotas, quota_bounds, share_problem
+from bots_server.engine.quotas import GroupQuotas, _scale_into, informative_fractions, quota_bounds, share_problem
 
 MEAN = EngineParams(selection_mode="mean")
 # Group A: tasks 0-5, means 0.50 0.45 0.40 0.30 0.20 0.10 (best first)
@@ -113,3 +113,96 @@ def test_possible_shares_pass() -> None:
     assert share_problem({"a": (0.5, 0.5)}, ["a", "b"]) is None  # b takes the rest
     assert share_problem({"a": (0.2, 0.6), "b": (0.1, 0.5)}, ["a", "b"]) is None
     assert share_problem({}, ["a"]) is None
+
+
+# -- adaptive shares ------------------------------------------------------------------
+# m = 4 rollouts; a group of 4 at pass rate p has rewards that differ with
+# chance 1 - p^4 - (1 - p)^4 (worked out by hand below).
+ADAPTIVE = EngineParams(selection_mode="mean", rollouts_per_task=4, adaptive_shares=1.0)
+
+
+def test_informative_fractions_weigh_each_task_by_its_evidence_and_the_prior_as_one_report() -> None:
+    # Group 0: Beta(9, 1) (8 rollouts beyond the prior, mean 0.9) and Beta(1, 1) (no evidence);
+    # group 1: Beta(3, 3) (4 beyond the prior, mean 0.5); task 3 (group 1) is leased.
+    alpha, beta = np.array([9.0, 1.0, 3.0, 1.0]), np.array([1.0, 1.0, 3.0, 50.0])
+    free = np.array([True, True, True, False])
+    fraction, count = informative_fractions(ADAPTIVE, alpha, beta, free, np.array([0, 0, 1, 1]), 2)
+    # Reported rates beyond the prior: task 0 8 of 8 (never differs), task 2 2 of 4 (0.5).
+    at_prior = 1 - 2 * 0.5**4  # 0.875: the prior's mean is 0.5
+    assert fraction[0] == pytest.approx((8 * 0.0 + 4 * at_prior) / (8 + 4), rel=1e-12)
+    assert fraction[1] == pytest.approx((4 * at_prior + 4 * at_prior) / (4 + 4), rel=1e-12)
+    assert count.tolist() == [2, 1]
+
+
+def adaptive_pick(params: EngineParams, low: list[float], high: list[float], means_a: float, batch: int = 10) -> np.ndarray:
+    """Tasks picked per group from 20 + 20 tasks: group 0's at `means_a` with
+    100 rollouts of evidence each, group 1's at the prior (never tried)."""
+    group_of = np.array([0] * 20 + [1] * 20)
+    alpha = np.where(group_of == 0, 1 + 100 * means_a, 1.0)
+    beta = np.where(group_of == 0, 1 + 100 * (1 - means_a), 1.0)
+    quotas = GroupQuotas(group_of, np.array(low), np.array(high))
+    chosen = select(params, alpha, beta, np.ones(40, dtype=bool), batch, step_rng(0, 0, "k"), quotas)
+    return np.bincount(group_of[chosen], minlength=2)
+
+
+def test_a_groups_recent_reports_speak_for_its_stale_tasks() -> None:
+    # Group 0: 15 tasks forgotten back to the prior (mean 0.5, no evidence) and 5 reported solved
+    # just now (Beta(101, 1)); group 1: 20 tasks at Beta(3, 5) (mean 0.375, 6 rollouts of evidence).
+    group_of = np.array([0] * 20 + [1] * 20)
+    alpha = np.array([1.0] * 15 + [101.0] * 5 + [3.0] * 20)
+    beta = np.array([1.0] * 15 + [1.0] * 5 + [5.0] * 20)
+    quotas = GroupQuotas(group_of, np.zeros(2), np.ones(2))
+    free = np.ones(40, dtype=bool)
+
+    def per_group(params: EngineParams) -> list[int]:
+        chosen = select(params, alpha, beta, free, 10, step_rng(0, 0, "k"), quotas)
+        return np.bincount(group_of[chosen], minlength=2).tolist()
+
+    # The ranking alone takes the forgotten tasks: their means sit at the target 0.5.
+    assert per_group(EngineParams(selection_mode="mean", rollouts_per_task=4)) == [10, 0]
+    # Adaptive: the reported rates are 100 of 100 (group 0) and 2 of 6 (group 1), so
+    # f0 = (500 * u(1) + 4 * u(0.5)) / (500 + 4) and f1 = (20 * 6 * u(1/3) + 4 * u(0.5)) / (120 + 4)
+    # with u(p) = 1 - p^4 - (1 - p)^4; shares in proportion.
+    def u(p: float) -> float:
+        return 1 - p**4 - (1 - p) ** 4
+
+    f0 = (500 * u(1.0) + 4 * u(0.5)) / 504
+    f1 = (120 * u(1 / 3) + 4 * u(0.5)) / 124
+    share0 = f0 / (f0 + f1)  # 0.0085: none of 10
+    assert per_group(ADAPTIVE)[0] in (int(share0 * 10), int(share0 * 10) + 1)
+
+
+def test_bounds_hold_against_the_adaptation() -> None:
+    # Group 0 solved (mean 0.99): in proportion it would get 0.045 of the batch; its minimum 0.2 holds.
+    assert adaptive_pick(ADAPTIVE, [0.2, 0.0], [1.0, 1.0], 0.99).tolist() == [2, 8]
+    assert adaptive_pick(ADAPTIVE, [0.0, 0.0], [1.0, 0.5], 0.99).tolist() == [5, 5]  # and group 1's maximum
+
+
+def test_part_of_the_batch_stays_equal_below_full_adaptation() -> None:
+    # a = 0.5: t = 0.5 * 1/2 + 0.5 * f / sum(f): group 0 0.25 + 0.5 * 0.045 = 0.272 -> 2 or 3 of 10.
+    params = EngineParams(selection_mode="mean", rollouts_per_task=4, adaptive_shares=0.5)
+    f0 = (20 * 100 * (1 - 0.99**4 - 0.01**4) + 4 * 0.875) / (20 * 100 + 4)  # group 1: 0.875, at the prior
+    share = 0.25 + 0.5 * f0 / (f0 + 0.875)
+    assert adaptive_pick(params, [0.0, 0.0], [1.0, 1.0], 0.99)[0] in (int(share * 10), int(share * 10) + 1)
+
+
+def test_fixed_shares_do_not_move() -> None:
+    assert adaptive_pick(ADAPTIVE, [0.7, 0.3], [0.7, 0.3], 0.99).tolist() == [7, 3]
+
+
+def test_a_group_without_free_tasks_leaves_its_share_to_the_others() -> None:
+    group_of = np.array([0] * 10 + [1] * 10 + [2] * 10)
+    free = group_of != 2
+    quotas = GroupQuotas(group_of, np.array([0.0, 0.0, 0.5]), np.ones(3))
+    chosen = select(ADAPTIVE, np.ones(30), np.ones(30), free, 10, step_rng(0, 0, "k"), quotas)
+    # Groups 0 and 1 are alike (at the prior): 5 each; group 2's minimum cannot be met.
+    assert np.bincount(group_of[chosen], minlength=3).tolist() == [5, 5, 0]
+
+
+def test_shares_scale_into_their_bounds() -> None:
+    # In proportion 0.6 : 0.3 : 0.1, group 0 capped at 0.5: the rest scale up to fill 1 (0.375, 0.125).
+    share = _scale_into(np.array([0.6, 0.3, 0.1]), np.zeros(3), np.array([0.5, 1.0, 1.0]))
+    assert share == pytest.approx([0.5, 0.375, 0.125], abs=1e-12)
+    # Minima that take the whole batch, or maxima that cannot fill it, are returned as they are.
+    assert _scale_into(np.array([0.9, 0.1]), np.array([0.2, 0.8]), np.ones(2)).tolist() == [0.2, 0.8]
+    assert _scale_into(np.array([0.5, 0.5]), np.zeros(2), np.array([0.3, 0.4])).tolist() == [0.3, 0.4]

@@ -62,6 +62,7 @@ class ExperimentConfig:
     implicit_reliability: float = 0.0
     random_stream: int = 2
     keep_successes: float = 0.0
+    adaptive_shares: float = 0.0
 
 
 @dataclass(frozen=True)

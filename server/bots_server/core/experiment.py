@@ -144,8 +144,9 @@ class LiveExperiment:
         return {self.group_names[g]: int(c) for g, c in enumerate(counts) if c}
 
     def quotas(self) -> GroupQuotas | None:
-        """The shares in force as the engine takes them; None without any."""
-        if not self.shares:
+        """The shares in force as the engine takes them; None without any
+        (adaptive shares: groups without shares set are [0, 1])."""
+        if not self.shares and not (self.config.adaptive_shares > 0 and self.has_groups):
             return None
         low = np.zeros(len(self.group_names))
         high = np.ones(len(self.group_names))

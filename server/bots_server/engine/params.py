@@ -81,6 +81,14 @@ class EngineParams:
         low=0.0,
         high=1.0,
     )
+    adaptive_shares: float = setting(
+        0.0,
+        "group shares that follow where learning happens: each group's share of a batch, within its min/max, is "
+        "(1 - a) / groups + a * its estimated informative fraction / their sum (engine/quotas.py; 0: off, the "
+        "ranking decides within the bounds)",
+        low=0.0,
+        high=1.0,
+    )
     implicit_weight: float = setting(0.1, "rho: weight of the plug-in's prediction", low=0.0, high=1.0)
     rollouts_per_task: int = setting(16, "m: evidence scale of a reported rate", low=1, high=1_000_000)
     selection_mode: str = setting(

@@ -17,12 +17,32 @@ Degrading when tasks run short (leased, retired, or a small group):
     group do (step 3), exceeding those maxima.
 So a select never fails for its quotas: only when the pool has fewer free
 tasks than the batch, as without groups.
+
+Adaptive shares (the setting `adaptive_shares` = a > 0) first replace each
+group's range by one share inside it, for this batch only:
+
+  share_g = clip(s * t_g, min_g, max_g),  t_g = (1 - a) / G + a * f_g / sum(f),
+
+with s the scale that makes the shares sum to 1 (as far as the bounds allow)
+and G the groups with free tasks. f_g estimates the fraction of g's groups of
+m rollouts whose rewards differ (the ones that carry a GRPO gradient). Per
+task, the evidence beyond the prior, e_s = alpha - a0 and e_f = beta - b0,
+is what its reports gave (the forgetting scales both by (1 - lambda) a step,
+so their ratio r = e_s / (e_s + e_f) stays the reported rate); a group of m
+at rate r differs with chance u(r) = 1 - r^m - (1 - r)^m, which is 0 for a
+task reported all right or all wrong. f_g is the mean of u(r) over g's free
+tasks weighted by e_s + e_f: an exponentially weighted average over g's
+recent reports, fresher than any one task's posterior since it pools every
+report of the group. The prior counts as one report of m rollouts at its
+mean, so a group never tried starts near the top, and the (1 - a) / G part
+keeps exploring groups whose estimate is low.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +83,8 @@ def select_with_quotas(
     """Indices of `batch_size` available tasks (`available`: after any
     candidate pre-selection), best first, honouring each group's share range
     as the module docstring says."""
+    if params.adaptive_shares > 0:
+        quotas = adapted_quotas(params, alpha, beta, available, quotas)
     candidates = np.flatnonzero(available)
     score = strategies.get(params.strategy).score(params, alpha, beta, rng)[candidates]
     tie_break = rng.random(candidates.shape[0])
@@ -81,6 +103,66 @@ def select_with_quotas(
     third = np.flatnonzero(~first & ~within_max)[: batch_size - taken]
     positions = np.sort(np.concatenate([np.flatnonzero(first), second, third]))
     return order[positions]
+
+
+def adapted_quotas(
+    params: EngineParams, alpha: np.ndarray, beta: np.ndarray, available: np.ndarray, quotas: GroupQuotas
+) -> GroupQuotas:
+    """`quotas` with each group's range replaced by its adaptive share (the
+    module docstring): min = max = share_g."""
+    num_groups = quotas.min_shares.shape[0]
+    fraction, free = informative_fractions(params, alpha, beta, available, quotas.group_of, num_groups)
+    present = free > 0
+    equal = 1.0 / int(np.count_nonzero(present))
+    total = fraction[present].sum()  # 0 only for m = 1, where no group of rollouts can differ
+    lean = fraction / total if total > 0 else np.full(num_groups, equal)
+    a = params.adaptive_shares
+    target = np.where(present, (1 - a) * equal + a * lean, 0.0)
+    low = np.where(present, quotas.min_shares, 0.0)
+    high = np.where(present, quotas.max_shares, 0.0)
+    share = _scale_into(target, low, high)
+    return GroupQuotas(quotas.group_of, share, share)
+
+
+def informative_fractions(
+    params: EngineParams, alpha: np.ndarray, beta: np.ndarray, available: np.ndarray, group_of: np.ndarray,
+    num_groups: int,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(f_g, free tasks) per group: f_g as the module docstring says."""
+    free = np.flatnonzero(available)
+    successes = np.maximum(alpha[free] - params.prior_alpha, 0.0)
+    failures = np.maximum(beta[free] - params.prior_beta, 0.0)
+    weight = successes + failures
+    rate = np.divide(successes, weight, out=np.zeros_like(weight), where=weight > 0)
+    m = params.rollouts_per_task
+    groups = group_of[free]
+    evidence = np.bincount(groups, weights=weight, minlength=num_groups)
+    mass = np.bincount(groups, weights=weight * _differ(rate, m), minlength=num_groups)
+    prior = _differ(params.prior_alpha / (params.prior_alpha + params.prior_beta), m)
+    return (mass + m * prior) / (evidence + m), np.bincount(groups, minlength=num_groups)
+
+
+def _differ(rate: Any, m: int) -> Any:
+    """The chance that m rollouts at pass rate `rate` do not all agree."""
+    return 1.0 - rate**m - (1.0 - rate) ** m
+
+
+def _scale_into(target: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """clip(s * target, low, high) with the s >= 0 that makes it sum to 1; the
+    bounds' own sums where they cannot (bisection: the sum rises with s)."""
+    if low.sum() >= 1.0 - SHARE_TOLERANCE:
+        return low
+    highest = np.where(target > 0, high, low)
+    if highest.sum() <= 1.0 + SHARE_TOLERANCE:
+        return highest
+    lo, hi = 0.0, float(np.max(high[target > 0] / target[target > 0]))
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        if np.clip(mid * target, low, high).sum() < 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return np.clip(hi * target, low, high)
 
 
 def _rank_within_group(groups: np.ndarray, num_groups: int) -> np.ndarray:
