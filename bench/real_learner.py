@@ -3,6 +3,7 @@ batches from a real BOTS server, against a uniform DataLoader.
 
     .venv/bin/python -m bench.real_learner --quick          # 1 seed, short budgets (about 75 s on 2 cores)
     nice -n 10 .venv/bin/python -m bench.real_learner       # 5 seeds, all families, all arms
+    nice -n 10 .venv/bin/python -m bench.real_learner --sources  # two sources a run: adaptive vs fixed shares
 
 The policy is a causal transformer (2 layers, d = 64, 4 heads, learned
 positions; random weights from the seed, nothing downloaded) that reads the
@@ -22,9 +23,15 @@ ExperimentConfig(rollouts_per_task=rollouts, seed=seed, **overrides) on one
 `bots-server` (a temporary SQLite file) and reports each rollout's reward
 (family c: `report_rewards(..., success_threshold=None)`, fractional
 successes with their sum of squares, so the group's variance counts; an arm
-with report_spread=0 sends the mean reward only, see REPORTING). No arm gets reference pass rates (no weak/strong features), so
+with report_spread=0 sends the mean reward only, see ARM_ONLY). No arm gets reference pass rates (no weak/strong features), so
 the plug-in and `track_prediction` are inert and "bots-plus" is the
 expected-loss selection with forgetting 0.05.
+
+With --sources each task of families a and b belongs to one of two sources
+(SOURCES, its group on the server) and the arms (SOURCE_ARMS) differ in how
+they mix them: fixed equal shares, shares ranked within [0.1, 0.9], or
+`adaptive_shares` 1 or 0.5 within the same bounds; each source's share of the batches
+over the run is reported beside the steps.
 
 Deterministic per seed: the task pool, the held-out set, the initial weights
 (family b: after the same warm-up), the rollout sampler's generator and the
@@ -70,10 +77,28 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "bots-plus-ref": {"selection_mode": "expected", "track_prediction": 0.5, "forgetting": 0.05, **REFERENCE},
     "bots-keep": {"keep_successes": 1.0},
 }
-# Arm keys that are not ExperimentConfig fields, on how the arm reports:
+# Arm keys that are not ExperimentConfig fields. On how the arm reports:
 # report_spread=0 sends family c's mean rewards without their sum of squares
 # (`--arm bots-mean:report_spread=0`), so the posterior follows the mean.
-REPORTING = ("report_spread",)
+# With --sources: share_min / share_max set every source's share range
+# (SetGroupShares; unset: no shares).
+ARM_ONLY = ("report_spread", "share_min", "share_max")
+# --sources: every task's source (its group on the server) by its tier. Two
+# datasets of one family that a run mixes: a the short chains (lengths 1-3)
+# and the long ones; b the curated tasks (r >= 1) and the scraped ones
+# (already solved, r = 0, or corrupted).
+SOURCES = {
+    "a": {"len1": "short", "len2": "short", "len3": "short", "len4": "long", "len5": "long", "len6": "long"},
+    "b": {"r1": "curated", "r2": "curated", "r3+": "curated", "r0": "scraped", "corrupt": "scraped"},
+}
+SOURCE_ARMS: dict[str, dict[str, Any] | None] = {
+    "uniform": None,
+    "bots": {},
+    "fixed": {"share_min": 0.5, "share_max": 0.5},
+    "ranked": {"share_min": 0.1, "share_max": 0.9},
+    "adaptive": {"adaptive_shares": 1.0, "share_min": 0.1, "share_max": 0.9},
+    "adaptive-half": {"adaptive_shares": 0.5, "share_min": 0.1, "share_max": 0.9},
+}
 QUICK_STEPS = {"a": 40, "b": 30, "c": 30}  # --quick budgets (1 seed): a smoke test, not a result
 
 
@@ -296,6 +321,7 @@ class Curve:
     informative: list[float] = field(default_factory=list)  # groups with unequal rewards
     mean_reward: list[float] = field(default_factory=list)
     tier_share: list[dict[str, float]] = field(default_factory=list)  # what the batches held
+    tier_counts: dict[str, int] = field(default_factory=dict)  # tasks per tier in the pool
     reported_outcomes: int = 0  # (task, successes, trials) sent to the server
     fractional_outcomes: int = 0  # of those with a fractional successes value
     seconds: float = 0.0
@@ -329,14 +355,16 @@ def train(
     family: Family, arm: str, overrides: dict[str, Any] | None, seed: int, budget: int, init: Policy,
     address: str | None, stop_early: bool = True, verbose: bool = False,
     features: Sequence[Mapping[str, float]] | None = None, policy_out: bool = False,
+    sources: Mapping[str, str] | None = None,
 ) -> Any:  # fmt: skip
     """One run of `budget` steps from `init`: the Curve (policy_out: the
     trained policy). `features` go to the server with the tasks when the
-    arm's config names them."""
+    arm's config names them; `sources` (tier -> source) gives each task its
+    group, and the arm's share_min / share_max set every source's share."""
     from torch.utils.data import DataLoader
 
     import bots_client
-    from bots_client.integrations import aggregate_outcomes
+    from bots_client.integrations import Curriculum, aggregate_outcomes
     from bots_client.integrations.torch import BotsSampler
 
     spec, pool = family.spec, family.pool
@@ -344,6 +372,7 @@ def train(
     optimizer = torch.optim.Adam(policy.parameters(), lr=spec.lr)
     generator = torch.Generator().manual_seed(1_000_003 * seed + ord(family.spec.name[0]))
     curve = Curve(spec.name, arm, seed, budget)
+    curve.tier_counts = {t: pool.tiers.count(t) for t in pool.tier_names}
     sampler = None
     report_spread = True
     if overrides is None:
@@ -354,14 +383,22 @@ def train(
     else:
         assert address is not None, "a service arm needs a server"
         report_spread = bool(overrides.get("report_spread", True))
-        fields = {k: v for k, v in overrides.items() if k not in REPORTING}
+        fields = {k: v for k, v in overrides.items() if k not in ARM_ONLY}
         config = bots_client.ExperimentConfig(**{"rollouts_per_task": spec.rollouts, "seed": seed, **fields})
         if config.weak_feature and features is None:
             raise ValueError(f"arm {arm!r} names reference features, but none were measured")
-        sampler = BotsSampler(
+        curriculum = Curriculum(
             address, f"{spec.name}-{arm}-seed{seed}", pool.keys, batch_size=spec.batch, config=config,
             features=features if config.weak_feature else None,
+            groups=None if sources is None else [sources[t] for t in pool.tiers],
         )  # fmt: skip
+        if "share_min" in overrides or "share_max" in overrides:
+            if sources is None:
+                raise ValueError(f"arm {arm!r} sets source shares: run with --sources")
+            curriculum.ensure_ready()
+            share = (float(overrides.get("share_min", 0.0)), float(overrides.get("share_max", 1.0)))
+            curriculum.client.set_group_shares(curriculum.experiment, dict.fromkeys(set(sources.values()), share))
+        sampler = BotsSampler(curriculum=curriculum)
         _record_reports(sampler.curriculum.client, curve)
         loader = DataLoader(pool, batch_size=sampler.local_batch_size, sampler=sampler)
 
@@ -436,9 +473,11 @@ def _median_range(values: Sequence[float], digits: int = 2) -> str:
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-def summarize(curves: Sequence[Curve], spec: FamilySpec, arms: Sequence[str]) -> list[dict[str, Any]]:
+def summarize(
+    curves: Sequence[Curve], spec: FamilySpec, arms: Sequence[str], bases: Sequence[str] = ("uniform", "bots")
+) -> list[dict[str, Any]]:
     """Per target and arm: steps per seed (misses at the budget), the per-seed
-    ratios to uniform and to bots, their median and range."""
+    ratios to each base arm, their median and range."""
     rows = []
     metrics = [("pool", t, False) for t in spec.targets] + [("held-out", t, True) for t in spec.heldout_targets]
     seeds = sorted({c.seed for c in curves})
@@ -452,7 +491,7 @@ def summarize(curves: Sequence[Curve], spec: FamilySpec, arms: Sequence[str]) ->
                 "steps": steps, "missed": [c.steps_to(target, heldout) is None for c in runs],
                 "median_steps": statistics.median(steps) if steps else None,
             }  # fmt: skip
-            for base in ("uniform", "bots"):
+            for base in bases:
                 ratios = [
                     _steps(c, target, heldout) / _steps(by[(base, c.seed)], target, heldout)
                     for c in runs
@@ -469,7 +508,10 @@ def _cell_steps(row: dict[str, Any], budget: int) -> str:
     return f"{shown} | {_median_range(row['steps'], 0)}"
 
 
-def family_markdown(family: str, spec: FamilySpec, curves: Sequence[Curve], rows: Sequence[dict[str, Any]]) -> str:
+def family_markdown(
+    family: str, spec: FamilySpec, curves: Sequence[Curve], rows: Sequence[dict[str, Any]],
+    bases: Sequence[str] = ("uniform", "bots"), sources: Mapping[str, str] | None = None,
+) -> str:  # fmt: skip
     budget = max(c.budget for c in curves)
     seeds = sorted({c.seed for c in curves})
     what = "mean greedy score (fraction of correct symbols)" if spec.fractional else "greedy exact-match accuracy"
@@ -481,17 +523,15 @@ def family_markdown(family: str, spec: FamilySpec, curves: Sequence[Curve], rows
         f"{', '.join(map(str, seeds))}. Metric: {what} over the pool"
         + (f" and over {spec.num_heldout} held-out tasks" if spec.num_heldout else "")
         + f". Steps to each target per seed ('>{budget}': missed, counted as {budget}); ratios per seed to "
-        "uniform's and bots's steps; median (range) over seeds.",
+        f"{', '.join(bases)}'s steps; median (range) over seeds.",
         "",
-        "| metric | target | arm | steps per seed | median (range) | / uniform: median (range) "
-        "| / bots: median (range) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+        "| metric | target | arm | steps per seed | median (range) | "
+        + " | ".join(f"/ {b}: median (range)" for b in bases) + " |",
+        "|---|---|---|---|---|" + "---|" * len(bases),
+    ]  # fmt: skip
     for r in rows:
-        lines.append(
-            f"| {r['metric']} | {r['target']:.2f} | {r['arm']} | {_cell_steps(r, budget)} | "
-            f"{_median_range(r['ratio_to_uniform'])} | {_median_range(r['ratio_to_bots'])} |"
-        )
+        ratios = " | ".join(_median_range(r[f"ratio_to_{b}"]) for b in bases)
+        lines.append(f"| {r['metric']} | {r['target']:.2f} | {r['arm']} | {_cell_steps(r, budget)} | {ratios} |")
     lines += ["", "Per arm (mean over seeds): final pool accuracy, informative groups, what the batches held:", ""]
     tier_names = family_tiers(curves)
     lines += [
@@ -516,7 +556,51 @@ def family_markdown(family: str, spec: FamilySpec, curves: Sequence[Curve], rows
             f"| {arm} | {final:.3f}{held} | {info:.2f} | {reward:.3f} | {' / '.join(shares)} | "
             f"{np.mean([c.seconds for c in runs]):.1f} |"
         )
+    if sources is not None:
+        lines += ["", sources_markdown(curves, sources)]
     return "\n".join(lines) + "\n"
+
+
+def sources_markdown(curves: Sequence[Curve], sources: Mapping[str, str]) -> str:
+    """Per arm (mean over seeds): each source's share of the batches in the
+    first and the second half of the steps run, and its final accuracy."""
+    names = list(dict.fromkeys(sources.values()))
+    lines = [
+        "Per source (mean over seeds): share of the batches in the first / second half of the steps run, "
+        "final accuracy over the source's tasks:",
+        "",
+        "| arm | " + " | ".join(f"{n}: share, first / second half | {n}: final accuracy" for n in names) + " |",
+        "|---|" + "---|---|" * len(names),
+    ]
+    for arm in dict.fromkeys(c.arm for c in curves):
+        runs = [c for c in curves if c.arm == arm]
+        cells = []
+        for name in names:
+            halves = np.mean([_source_share_by_half(c, sources, name) for c in runs], axis=0)
+            final = np.mean([_source_accuracy(c, sources, name) for c in runs])
+            cells += [f"{halves[0]:.2f} / {halves[1]:.2f}", f"{final:.3f}"]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _source_share_by_half(curve: Curve, sources: Mapping[str, str], name: str) -> tuple[float, float]:
+    middle = curve.steps[-1] / 2
+    spans = [(end - start, start + (end - start) / 2 < middle, share)
+             for start, end, share in zip(curve.steps, curve.steps[1:], curve.tier_share)]  # fmt: skip
+    parts = []
+    for first in (True, False):
+        weight = sum(w for w, half, _ in spans if half == first)
+        held = sum(w * sum(v for t, v in share.items() if sources.get(t) == name) for w, half, share in spans
+                   if half == first)  # fmt: skip
+        parts.append(held / weight if weight else float("nan"))
+    return parts[0], parts[1]
+
+
+def _source_accuracy(curve: Curve, sources: Mapping[str, str], name: str) -> float:
+    """The final accuracy over the source's tiers, weighted by their tasks (tier_acc is per tier)."""
+    tiers = [t for t in curve.tier_acc[-1] if sources.get(t) == name]
+    counts = curve.tier_counts
+    return sum(curve.tier_acc[-1][t] * counts[t] for t in tiers) / sum(counts[t] for t in tiers)
 
 
 def family_tiers(curves: Sequence[Curve]) -> list[str]:
@@ -550,8 +634,13 @@ def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 seed, short budgets: a smoke test (under 3 minutes)")
-    p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: a (chain), b (tiers), c (partial)")
+    p.add_argument("--families", default=None, help="comma-separated: a (chain), b (tiers), c (partial); default all")
     p.add_argument("--arms", default=None, help=f"comma-separated names from ARMS ({', '.join(ARMS)}); default all")
+    p.add_argument(
+        "--sources", action="store_true",
+        help=f"two sources per family (SOURCES: families {', '.join(SOURCES)}) and the arms of SOURCE_ARMS "
+        f"({', '.join(SOURCE_ARMS)}): adaptive shares against fixed ones",
+    )  # fmt: skip
     p.add_argument(
         "--arm", action="append", default=[], metavar="NAME:key=value,...",
         help="one more arm: ExperimentConfig overrides (e.g. lambda05:forgetting=0.05); repeatable",
@@ -559,9 +648,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; --quick: 1)")
     p.add_argument("--steps", type=int, default=None, help="the step budget of every family (default: per family)")
     p.add_argument("--no-stop-early", action="store_true", help="run the whole budget after the last target")
-    p.add_argument("--output", default=str(RESULTS / "real-learner"), help="path without suffix (.json, .md)")
+    p.add_argument("--output", default=None, help="path without suffix (.json, .md); default results/real-learner[-sources]")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.families is None:
+        args.families = ",".join(SOURCES if args.sources else FAMILIES)
+    if args.output is None:
+        args.output = str(RESULTS / ("real-learner-sources" if args.sources else "real-learner"))
     args.argv = ["python -m bench.real_learner", *(sys.argv[1:] if argv is None else argv)]
     return args
 
@@ -570,11 +663,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)  # tiny tensors: more threads only contend with the server process
     torch.use_deterministic_algorithms(True)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
+    allowed = SOURCES if args.sources else SPECS
     for f in families:
-        if f not in SPECS:
-            raise SystemExit(f"unknown family {f!r}: expected some of {', '.join(FAMILIES)}")
-    table: dict[str, dict[str, Any] | None] = dict(ARMS)
-    names = list(ARMS) if args.arms is None else [a.strip() for a in args.arms.split(",") if a.strip()]
+        if f not in allowed:
+            raise SystemExit(f"unknown family {f!r}: expected some of {', '.join(allowed)}")
+    arms = SOURCE_ARMS if args.sources else ARMS
+    table: dict[str, dict[str, Any] | None] = dict(arms)
+    names = list(arms) if args.arms is None else [a.strip() for a in args.arms.split(",") if a.strip()]
     for text in args.arm:
         name, overrides = parse_arm(text)
         table[name] = overrides
@@ -584,6 +679,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if name not in table:
             raise SystemExit(f"unknown arm {name!r}: expected some of {', '.join(table)} or --arm NAME:key=value")
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else 5)
+    bases = ["uniform", "bots", *(["fixed"] if args.sources and "fixed" in names else [])]
     info = machine_info()
     started = time.perf_counter()
     result: dict[str, Any] = {"machine": info, "command": " ".join(args.argv), "arms": {n: table[n] for n in names}}
@@ -598,6 +694,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             budget = args.steps or (QUICK_STEPS[fam] if args.quick else spec.steps)
             spec = replace(spec, steps=budget)
             curves: list[Curve] = []
+            sources = SOURCES[fam] if args.sources else None
             print(f"family {fam} ({spec.name}): {spec.num_tasks} tasks, budget {budget} steps", flush=True)
             references: list[dict[str, Any]] = []
             for seed in range(seeds):
@@ -611,7 +708,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for arm in names:
                     curve = train(
                         family, arm, table[arm], seed, budget, init, None if server is None else server.address,
-                        stop_early=not args.no_stop_early, verbose=args.verbose, features=features,
+                        stop_early=not args.no_stop_early, verbose=args.verbose, features=features, sources=sources,
                     )  # fmt: skip
                     curves.append(curve)
                     reached = ", ".join(f"{t:g}@{curve.steps_to(t) or '-'}" for t in spec.targets)
@@ -624,10 +721,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"{curve.steps[-1]} steps ({curve.seconds:.1f} s); steps to {reached}",
                         flush=True,
                     )
-            rows = summarize(curves, spec, names)
+            rows = summarize(curves, spec, names, bases)
             result["families"][fam] = {
                 "spec": asdict(spec), "references": references, "curves": [asdict(c) for c in curves], "summary": rows,
-                "markdown": family_markdown(fam, spec, curves, rows),
+                "sources": sources, "markdown": family_markdown(fam, spec, curves, rows, bases, sources),
             }  # fmt: skip
     finally:
         if server is not None:

@@ -76,3 +76,22 @@ def test_arm_table_takes_one_more_engine_from_the_command_line() -> None:
         "lambda05",
         {"forgetting": 0.05, "selection_mode": "expected", "seed": 3},
     )
+
+
+def test_sources_run_mixes_two_sources_in_the_shares_each_arm_sets(tmp_path: Path) -> None:
+    out = tmp_path / "sources"
+    argv = ["--sources", "--families", "b", "--seeds", "1", "--steps", "20", "--arms", "fixed,adaptive", "--output", str(out)]
+    assert real_learner.main(argv) == 0
+    data = json.loads(out.with_suffix(".json").read_text())["families"]["b"]
+    sources = real_learner.SOURCES["b"]
+    assert data["sources"] == sources
+    for curve in data["curves"]:
+        assert curve["reported_outcomes"] >= SPECS["b"].batch * 20
+        curated = [sum(v for t, v in window.items() if sources[t] == "curated") for window in curve["tier_share"]]
+        if curve["arm"] == "fixed":  # SetGroupShares 0.5 / 0.5: 16 of every 32 tasks
+            assert curated == [0.5, 0.5]
+        else:  # adaptive within [0.1, 0.9]: never below 4 or above 28 of 32
+            assert all(0.1 <= c <= 0.9 for c in curated) and curated != [0.5, 0.5]
+    assert all(len(row["ratio_to_fixed"]) == 1 for row in data["summary"])
+    text = out.with_suffix(".md").read_text()
+    assert "| curated: share, first / second half |" in text and "/ fixed: median (range)" in text
