@@ -28,7 +28,8 @@ and G the groups with free tasks. f_g estimates the fraction of g's groups of
 m rollouts whose rewards differ (the ones that carry a GRPO gradient). Per
 task, the evidence beyond the prior, e_s = alpha - a0 and e_f = beta - b0,
 is what its reports gave (the forgetting scales both by (1 - lambda) a step,
-so their ratio r = e_s / (e_s + e_f) stays the reported rate); a group of m
+so their ratio r = e_s / (e_s + e_f) stays the reported rate; keep_successes
+spares e_s, so r leans toward the successes there); a group of m
 at rate r differs with chance u(r) = 1 - r^m - (1 - r)^m, which is 0 for a
 task reported all right or all wrong. f_g is the mean of u(r) over g's free
 tasks weighted by e_s + e_f: an exponentially weighted average over g's
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -142,7 +142,7 @@ def informative_fractions(
     return (mass + m * prior) / (evidence + m), np.bincount(groups, minlength=num_groups)
 
 
-def _differ(rate: Any, m: int) -> Any:
+def _differ(rate: np.ndarray | float, m: int) -> np.ndarray | float:
     """The chance that m rollouts at pass rate `rate` do not all agree."""
     return 1.0 - rate**m - (1.0 - rate) ** m
 
