@@ -295,13 +295,17 @@ def _retire(args: argparse.Namespace) -> int:
 
 
 def _print_groups(groups: list[bots_client.GroupInfo]) -> None:
-    print(f"{'GROUP':<24} {'TASKS':>8} {'RETIRED':>8} {'SHARE':>11} {'MEAN':>6} NEAR_TARGET")
+    print(f"{'GROUP':<24} {'TASKS':>8} {'RETIRED':>8} {'SHARE':>11} {'NOW':>6} {'MEAN':>6} {'NEAR_TARGET':>11} INFORMATIVE")
     for g in groups:
         share = "-" if g.min_share is None else (
             f"{g.min_share:g}" if g.min_share == g.max_share else f"{g.min_share:g}:{g.max_share:g}"
         )  # fmt: skip
+        now = "-" if g.adaptive_share is None else f"{g.adaptive_share:.3f}"
         name = g.name or "(none)"
-        print(f"{name:<24} {g.num_tasks:>8} {g.num_retired:>8} {share:>11} {g.mean_success:>6.3f} {g.near_target:.3f}")
+        print(
+            f"{name:<24} {g.num_tasks:>8} {g.num_retired:>8} {share:>11} {now:>6} {g.mean_success:>6.3f} "
+            f"{g.near_target:>11.3f} {g.informative:.3f}"
+        )
 
 
 def _groups_list(args: argparse.Namespace) -> int:

@@ -46,8 +46,10 @@ def test_groups_are_listed_with_sizes_and_signals(client: bots_client.Client) ->
     assert [(g.name, g.num_tasks, g.num_retired, g.min_share, g.max_share) for g in groups] == [
         ("math", 40, 0, None, None), ("code", 20, 0, None, None), ("logic", 10, 0, None, None),
     ]  # fmt: skip
-    # At the prior Beta(1, 1) every mean is 0.5: the target itself.
+    # At the prior Beta(1, 1) every mean is 0.5: the target itself; 16 rollouts at 0.5 all agree
+    # with chance 2 * 0.5^16. Without adaptive_shares there is no adaptive share.
     assert all(g.mean_success == 0.5 and g.near_target == 1.0 for g in groups)
+    assert all(g.informative == pytest.approx(1 - 2 * 0.5**16, rel=1e-12) and g.adaptive_share is None for g in groups)
     client.retire_tasks(name, ["logic-0", "logic-1"])
     assert client.list_groups(name)[2].num_retired == 2
     snap = client.snapshot(name)
@@ -107,6 +109,14 @@ def test_adaptive_shares_move_batches_away_from_a_solved_group(client: bots_clie
         per_batch.append(counts(batch))
     assert sorted(per_batch[0].values()) == [3, 3, 4], per_batch[0]
     assert all(c.get("math", 0) <= 1 for c in per_batch[3:]), per_batch
+    # ListGroups shows what the shares follow: math's reports never differ, code's and logic's
+    # (4 of 8) do with chance 1 - 2 * 0.5^8; the prior (one report of 8) lifts math's estimate a little.
+    groups = {g.name: g for g in client.list_groups(name)}
+    assert groups["math"].informative < 0.2 and groups["code"].informative == pytest.approx(1 - 2 * 0.5**8)
+    shares = [g.adaptive_share for g in groups.values()]
+    assert all(s is not None for s in shares) and sum(shares) == pytest.approx(1.0)  # type: ignore[arg-type]
+    f = {n: g.informative for n, g in groups.items()}
+    assert groups["math"].adaptive_share == pytest.approx(f["math"] / sum(f.values()))
 
 
 def test_adaptive_shares_out_of_range_are_rejected(client: bots_client.Client) -> None:

@@ -220,6 +220,8 @@ def groups_from_proto(response: pb.ListGroupsResponse) -> list[GroupInfo]:
             max_share=g.max_share if g.HasField("max_share") else None,
             mean_success=g.mean_success,
             near_target=g.near_target,
+            informative=g.informative,
+            adaptive_share=g.adaptive_share if g.HasField("adaptive_share") else None,
         )
         for g in response.groups
     ]

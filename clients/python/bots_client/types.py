@@ -156,3 +156,6 @@ class GroupInfo:
     max_share: float | None
     mean_success: float  # mean of its tasks' posterior means
     near_target: float  # fraction of its tasks with posterior mean within 0.2 of the target
+    # estimated fraction of its rollout groups whose rewards differ, from its recent reports
+    informative: float = 0.0
+    adaptive_share: float | None = None  # with adaptive_shares: its share of a batch now; None otherwise

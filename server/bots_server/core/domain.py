@@ -71,6 +71,8 @@ class GroupInfo:
     max_share: float | None
     mean_success: float  # mean of its tasks' posterior means
     near_target: float  # fraction of its tasks whose posterior mean is within the target band
+    informative: float  # estimated fraction of its rollout groups whose rewards differ (engine/quotas.py)
+    adaptive_share: float | None  # with adaptive_shares: its share of a batch now (every unretired task free)
 
 
 class Outcome(NamedTuple):

@@ -142,9 +142,12 @@ def groups_to_proto(groups: Iterable[GroupInfo]) -> pb.ListGroupsResponse:
             num_retired=g.num_retired,
             mean_success=g.mean_success,
             near_target=g.near_target,
+            informative=g.informative,
         )
         if g.min_share is not None and g.max_share is not None:
             info.min_share, info.max_share = g.min_share, g.max_share
+        if g.adaptive_share is not None:
+            info.adaptive_share = g.adaptive_share
     return response
 
 

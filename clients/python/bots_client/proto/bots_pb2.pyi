@@ -382,7 +382,7 @@ class ListGroupsRequest(_message.Message):
     def __init__(self, experiment: _Optional[str] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
-    __slots__ = ("name", "num_tasks", "num_retired", "min_share", "max_share", "mean_success", "near_target")
+    __slots__ = ("name", "num_tasks", "num_retired", "min_share", "max_share", "mean_success", "near_target", "informative", "adaptive_share")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_TASKS_FIELD_NUMBER: _ClassVar[int]
     NUM_RETIRED_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +390,8 @@ class GroupInfo(_message.Message):
     MAX_SHARE_FIELD_NUMBER: _ClassVar[int]
     MEAN_SUCCESS_FIELD_NUMBER: _ClassVar[int]
     NEAR_TARGET_FIELD_NUMBER: _ClassVar[int]
+    INFORMATIVE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_SHARE_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_tasks: int
     num_retired: int
@@ -397,7 +399,9 @@ class GroupInfo(_message.Message):
     max_share: float
     mean_success: float
     near_target: float
-    def __init__(self, name: _Optional[str] = ..., num_tasks: _Optional[int] = ..., num_retired: _Optional[int] = ..., min_share: _Optional[float] = ..., max_share: _Optional[float] = ..., mean_success: _Optional[float] = ..., near_target: _Optional[float] = ...) -> None: ...
+    informative: float
+    adaptive_share: float
+    def __init__(self, name: _Optional[str] = ..., num_tasks: _Optional[int] = ..., num_retired: _Optional[int] = ..., min_share: _Optional[float] = ..., max_share: _Optional[float] = ..., mean_success: _Optional[float] = ..., near_target: _Optional[float] = ..., informative: _Optional[float] = ..., adaptive_share: _Optional[float] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
     __slots__ = ("groups",)
