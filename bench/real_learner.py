@@ -81,8 +81,10 @@ ARMS: dict[str, dict[str, Any] | None] = {
 # report_spread=0 sends family c's mean rewards without their sum of squares
 # (`--arm bots-mean:report_spread=0`), so the posterior follows the mean.
 # With --sources: share_min / share_max set every source's share range
-# (SetGroupShares; unset: no shares).
-ARM_ONLY = ("report_spread", "share_min", "share_max")
+# (SetGroupShares; unset: no shares); first_share = x fixes the first
+# source's share at x and the other's at 1 - x. entropy: the learner's
+# entropy bonus in this arm (default the family's).
+ARM_ONLY = ("report_spread", "share_min", "share_max", "first_share", "entropy")
 # --sources: every task's source (its group on the server) by its tier. Two
 # datasets of one family that a run mixes: a the short chains (lengths 1-3)
 # and the long ones; b the curated tasks (r >= 1) and the scraped ones
@@ -360,7 +362,8 @@ def train(
     """One run of `budget` steps from `init`: the Curve (policy_out: the
     trained policy). `features` go to the server with the tasks when the
     arm's config names them; `sources` (tier -> source) gives each task its
-    group, and the arm's share_min / share_max set every source's share."""
+    group, and the arm's share_min / share_max (or first_share) set the
+    sources' shares."""
     from torch.utils.data import DataLoader
 
     import bots_client
@@ -368,6 +371,8 @@ def train(
     from bots_client.integrations.torch import BotsSampler
 
     spec, pool = family.spec, family.pool
+    if overrides and "entropy" in overrides:
+        spec = replace(spec, entropy=float(overrides["entropy"]))
     policy = copy.deepcopy(init)
     optimizer = torch.optim.Adam(policy.parameters(), lr=spec.lr)
     generator = torch.Generator().manual_seed(1_000_003 * seed + ord(family.spec.name[0]))
@@ -392,12 +397,10 @@ def train(
             features=features if config.weak_feature else None,
             groups=None if sources is None else [sources[t] for t in pool.tiers],
         )  # fmt: skip
-        if "share_min" in overrides or "share_max" in overrides:
-            if sources is None:
-                raise ValueError(f"arm {arm!r} sets source shares: run with --sources")
+        shares = source_shares(overrides, sources)
+        if shares:
             curriculum.ensure_ready()
-            share = (float(overrides.get("share_min", 0.0)), float(overrides.get("share_max", 1.0)))
-            curriculum.client.set_group_shares(curriculum.experiment, dict.fromkeys(set(sources.values()), share))
+            curriculum.client.set_group_shares(curriculum.experiment, shares)
         sampler = BotsSampler(curriculum=curriculum)
         _record_reports(sampler.curriculum.client, curve)
         loader = DataLoader(pool, batch_size=sampler.local_batch_size, sampler=sampler)
@@ -456,6 +459,20 @@ def train(
         sampler.wait()  # the last report runs in the background: acknowledged (or raised) before closing
         sampler.curriculum.client.close()
     return policy if policy_out else curve
+
+
+def source_shares(overrides: Mapping[str, Any], sources: Mapping[str, str] | None) -> dict[str, tuple[float, float]]:
+    """The shares an arm sets on its sources (see ARM_ONLY); {}: none."""
+    if not {"share_min", "share_max", "first_share"} & set(overrides):
+        return {}
+    if sources is None:
+        raise ValueError("an arm that sets source shares needs --sources")
+    names = list(dict.fromkeys(sources.values()))
+    if "first_share" in overrides:
+        first = float(overrides["first_share"])
+        return {names[0]: (first, first), names[1]: (1 - first, 1 - first)}
+    share = (float(overrides.get("share_min", 0.0)), float(overrides.get("share_max", 1.0)))
+    return dict.fromkeys(names, share)
 
 
 # -- the summary ----------------------------------------------------------------------

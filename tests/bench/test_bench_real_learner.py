@@ -95,3 +95,14 @@ def test_sources_run_mixes_two_sources_in_the_shares_each_arm_sets(tmp_path: Pat
     assert all(len(row["ratio_to_fixed"]) == 1 for row in data["summary"])
     text = out.with_suffix(".md").read_text()
     assert "| curated: share, first / second half |" in text and "/ fixed: median (range)" in text
+
+
+def test_an_arm_sets_its_sources_shares() -> None:
+    sources = real_learner.SOURCES["a"]
+    assert real_learner.source_shares({"first_share": 0.875}, sources) == {"short": (0.875, 0.875), "long": (0.125, 0.125)}
+    assert real_learner.source_shares({"share_min": 0.1, "share_max": 0.9}, sources) == {
+        "short": (0.1, 0.9), "long": (0.1, 0.9),
+    }  # fmt: skip
+    assert real_learner.source_shares({"adaptive_shares": 1.0}, sources) == {}
+    with pytest.raises(ValueError, match="--sources"):
+        real_learner.source_shares({"first_share": 0.5}, None)
