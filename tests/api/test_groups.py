@@ -185,7 +185,9 @@ def test_the_async_client_sets_and_lists_groups(client: bots_client.Client, endp
     assert (groups[0].name, groups[0].min_share, groups[0].max_share) == ("math", 0.1, 0.9)
 
 
-def test_groups_and_shares_survive_a_crash_and_batches_continue_identically(tmp_path) -> None:
+@pytest.mark.parametrize("adaptive", [0.0, 1.0], ids=["shares", "adaptive-shares"])
+def test_groups_and_shares_survive_a_crash_and_batches_continue_identically(tmp_path, adaptive: float) -> None:
+    """Also with adaptive shares: they read only the replayed posterior."""
     args = ["--checkpoint-every-steps", "3", "--checkpoint-every-seconds", "3600"]
     picks: list[list[list[str]]] = []
     for crash in (False, True):
@@ -194,7 +196,7 @@ def test_groups_and_shares_survive_a_crash_and_batches_continue_identically(tmp_
         try:
             run: list[list[str]] = []
             with bots_client.Client(server.address) as client:
-                client.create_experiment("mix", ExperimentConfig(seed=9))
+                client.create_experiment("mix", ExperimentConfig(seed=9, adaptive_shares=adaptive))
                 client.add_tasks("mix", tasks())
                 client.set_group_shares("mix", {"math": 0.6, "code": (0.2, 0.4)})
                 for step in range(5):
