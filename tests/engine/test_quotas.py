@@ -206,3 +206,21 @@ def test_shares_scale_into_their_bounds() -> None:
     # Minima that take the whole batch, or maxima that cannot fill it, are returned as they are.
     assert _scale_into(np.array([0.9, 0.1]), np.array([0.2, 0.8]), np.ones(2)).tolist() == [0.2, 0.8]
     assert _scale_into(np.array([0.5, 0.5]), np.zeros(2), np.array([0.3, 0.4])).tolist() == [0.3, 0.4]
+
+
+def test_a_group_short_of_free_tasks_does_not_push_another_past_its_maximum() -> None:
+    # X: 2 free tasks at the prior, [0, 1]; Y: 10 tasks, at most 0.3 of the batch; Z: 10 tasks, [0, 1].
+    # Y and Z reported half right (Beta(5, 5)), so all three look alike and X would get about a third
+    # of 10, more than its 2 tasks: its share is capped at 2 / 10, and Y stays within its 3.
+    group_of = np.array([0] * 2 + [1] * 10 + [2] * 10)
+    alpha = np.array([1.0] * 2 + [5.0] * 20)
+    quotas = GroupQuotas(group_of, np.zeros(3), np.array([1.0, 0.3, 1.0]))
+    chosen = select(ADAPTIVE, alpha, alpha.copy(), np.ones(22, dtype=bool), 10, step_rng(0, 0, "k"), quotas)
+    counts = np.bincount(group_of[chosen], minlength=3)
+    assert counts[0] == 2 and counts[1] <= 3 and counts.sum() == 10, counts
+
+
+def test_one_rollout_per_task_gives_equal_shares() -> None:
+    # m = 1: a single rollout never disagrees with itself, so every f_g is 0 and the shares are equal.
+    params = EngineParams(selection_mode="mean", rollouts_per_task=1, adaptive_shares=1.0)
+    assert adaptive_pick(params, [0.0, 0.0], [1.0, 1.0], 0.9).tolist() == [5, 5]

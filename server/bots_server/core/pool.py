@@ -24,8 +24,7 @@ from bots_server.core.experiment import LiveExperiment
 from bots_server.core.limits import shown
 from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
-from bots_server.engine import group_summary, share_problem
-from bots_server.engine.quotas import adapted_quotas, informative_fractions
+from bots_server.engine import adapted_quotas, group_summary, informative_fractions, share_problem
 from bots_server.errors import AlreadyExists, InvalidArgument
 from bots_server.store import StaleStep
 
@@ -148,11 +147,11 @@ def _group_infos(live: LiveExperiment) -> list[GroupInfo]:
     summary = group_summary(live.state, live.group_of, live.retired, num_groups, live.config.target_success)
     unretired = ~live.retired
     alpha, beta = live.state.alpha, live.state.beta
-    informative, _ = informative_fractions(live.config, alpha, beta, unretired, live.group_of, num_groups)
+    informative, free = informative_fractions(live.config, alpha, beta, unretired, live.group_of, num_groups)
     quotas = live.quotas()
     adaptive = None
     if live.config.adaptive_shares > 0 and quotas is not None and unretired.any():
-        adaptive = adapted_quotas(live.config, alpha, beta, unretired, quotas).min_shares
+        adaptive = adapted_quotas(live.config, quotas, informative, free).min_shares
     infos = []
     for number, group in enumerate(live.group_names):
         low, high = live.shares.get(group, (None, None))

@@ -6,7 +6,7 @@ in `strategies/`; their parameters are declared in `params.py`.
 """
 
 from bots_server.engine.params import SELECTION_MODES, EngineParams, Setting, settings
-from bots_server.engine.quotas import GroupQuotas, share_problem
+from bots_server.engine.quotas import GroupQuotas, adapted_quotas, informative_fractions, share_problem
 from bots_server.engine.rewards import evidence_successes
 from bots_server.engine.rng import step_rng
 from bots_server.engine.state import PosteriorState, UpdateResult
@@ -30,10 +30,12 @@ __all__ = [
     "PosteriorSummary",
     "Setting",
     "UpdateResult",
+    "adapted_quotas",
     "apply_outcomes",
     "batch_signals",
     "evidence_successes",
     "group_summary",
+    "informative_fractions",
     "posterior_summary",
     "select",
     "settings",

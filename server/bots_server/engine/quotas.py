@@ -23,8 +23,9 @@ group's range by one share inside it, for this batch only:
 
   share_g = clip(s * t_g, min_g, max_g),  t_g = (1 - a) / G + a * f_g / sum(f),
 
-with s the scale that makes the shares sum to 1 (as far as the bounds allow)
-and G the groups with free tasks. f_g estimates the fraction of g's groups of
+with s the scale that makes the shares sum to 1 (as far as the bounds allow),
+max_g also capped at the group's free tasks over the batch, and G the groups
+with free tasks (the candidate set, with candidate_ratio). f_g estimates the fraction of g's groups of
 m rollouts whose rewards differ (the ones that carry a GRPO gradient). Per
 task, the evidence beyond the prior, e_s = alpha - a0 and e_f = beta - b0,
 is what its reports gave (the forgetting scales both by (1 - lambda) a step,
@@ -34,9 +35,11 @@ at rate r differs with chance u(r) = 1 - r^m - (1 - r)^m, which is 0 for a
 task reported all right or all wrong. f_g is the mean of u(r) over g's free
 tasks weighted by e_s + e_f: an exponentially weighted average over g's
 recent reports, fresher than any one task's posterior since it pools every
-report of the group. The prior counts as one report of m rollouts at its
-mean, so a group never tried starts near the top, and the (1 - a) / G part
-keeps exploring groups whose estimate is low.
+report of the group. Evidence the posterior holds without a report counts
+the same: the plug-in's implicit pseudo-counts (tasks with reference
+features) and a warm start. The prior counts as one report of m rollouts at
+its mean, so a group never tried and without such evidence starts near the
+top, and the (1 - a) / G part keeps exploring groups whose estimate is low.
 """
 
 from __future__ import annotations
@@ -84,7 +87,9 @@ def select_with_quotas(
     candidate pre-selection), best first, honouring each group's share range
     as the module docstring says."""
     if params.adaptive_shares > 0:
-        quotas = adapted_quotas(params, alpha, beta, available, quotas)
+        num_groups = quotas.min_shares.shape[0]
+        fraction, free = informative_fractions(params, alpha, beta, available, quotas.group_of, num_groups)
+        quotas = adapted_quotas(params, quotas, fraction, free, batch_size)
     candidates = np.flatnonzero(available)
     score = strategies.get(params.strategy).score(params, alpha, beta, rng)[candidates]
     tie_break = rng.random(candidates.shape[0])
@@ -106,20 +111,25 @@ def select_with_quotas(
 
 
 def adapted_quotas(
-    params: EngineParams, alpha: np.ndarray, beta: np.ndarray, available: np.ndarray, quotas: GroupQuotas
+    params: EngineParams, quotas: GroupQuotas, fraction: np.ndarray, free: np.ndarray, batch_size: int | None = None
 ) -> GroupQuotas:
     """`quotas` with each group's range replaced by its adaptive share (the
-    module docstring): min = max = share_g."""
-    num_groups = quotas.min_shares.shape[0]
-    fraction, free = informative_fractions(params, alpha, beta, available, quotas.group_of, num_groups)
+    module docstring): min = max = share_g. `fraction` and `free` are
+    informative_fractions' answer. With `batch_size`, no group's share
+    exceeds its free tasks (free_g / batch_size), so a group short of tasks
+    leaves its slots to the others within their own maxima."""
     present = free > 0
+    if not present.any():
+        raise ValueError("adaptive shares need at least one free task")
     equal = 1.0 / int(np.count_nonzero(present))
     total = fraction[present].sum()  # 0 only for m = 1, where no group of rollouts can differ
-    lean = fraction / total if total > 0 else np.full(num_groups, equal)
+    lean = fraction / total if total > 0 else np.full(fraction.shape[0], equal)
     a = params.adaptive_shares
     target = np.where(present, (1 - a) * equal + a * lean, 0.0)
-    low = np.where(present, quotas.min_shares, 0.0)
     high = np.where(present, quotas.max_shares, 0.0)
+    if batch_size is not None:
+        high = np.minimum(high, free / batch_size)
+    low = np.minimum(np.where(present, quotas.min_shares, 0.0), high)
     share = _scale_into(target, low, high)
     return GroupQuotas(quotas.group_of, share, share)
 
