@@ -601,16 +601,15 @@ def sources_markdown(curves: Sequence[Curve], sources: Mapping[str, str]) -> str
 
 
 def _source_share_by_half(curve: Curve, sources: Mapping[str, str], name: str) -> tuple[float, float]:
-    middle = curve.steps[-1] / 2
-    spans = [(end - start, start + (end - start) / 2 < middle, share)
-             for start, end, share in zip(curve.steps, curve.steps[1:], curve.tier_share)]  # fmt: skip
-    parts = []
-    for first in (True, False):
-        weight = sum(w for w, half, _ in spans if half == first)
-        held = sum(w * sum(v for t, v in share.items() if sources.get(t) == name) for w, half, share in spans
-                   if half == first)  # fmt: skip
-        parts.append(held / weight if weight else float("nan"))
-    return parts[0], parts[1]
+    """The source's share of the batches in the evaluation windows of the first
+    and of the second half of the steps run, each window weighted by its steps."""
+    spans = np.diff(curve.steps)
+    held = np.array([sum(v for t, v in share.items() if sources.get(t) == name) for share in curve.tier_share])
+    first = np.asarray(curve.steps[:-1]) + spans / 2 < curve.steps[-1] / 2
+    first_half, second_half = (
+        float(np.average(held[half], weights=spans[half])) if half.any() else float("nan") for half in (first, ~first)
+    )
+    return first_half, second_half
 
 
 def _source_accuracy(curve: Curve, sources: Mapping[str, str], name: str) -> float:

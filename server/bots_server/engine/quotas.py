@@ -25,8 +25,9 @@ group's range by one share inside it, for this batch only:
 
 with s the scale that makes the shares sum to 1 (as far as the bounds allow),
 max_g also capped at the group's free tasks over the batch, and G the groups
-with free tasks (the candidate set, with candidate_ratio). f_g estimates the fraction of g's groups of
-m rollouts whose rewards differ (the ones that carry a GRPO gradient). Per
+with free tasks (the candidate set, with candidate_ratio). f_g estimates the
+fraction of g's groups of m rollouts whose rewards differ (the ones that
+carry a GRPO gradient). Per
 task, the evidence beyond the prior, e_s = alpha - a0 and e_f = beta - b0,
 is what its reports gave (the forgetting scales both by (1 - lambda) a step,
 so their ratio r = e_s / (e_s + e_f) stays the reported rate; keep_successes
