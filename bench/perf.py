@@ -119,11 +119,12 @@ def server_config() -> Any:
     return ExperimentConfig(**dataclasses.asdict(experiment_config()))
 
 
-def server_tasks(n: int) -> list[Any]:
+def server_tasks(n: int) -> Any:
     """make_tasks(n) as the server's own type, for the in-process service."""
-    from bots_server.core.domain import Task
+    from bots_server.core.domain import NewTasks
 
-    return [Task(t.key, t.features) for t in make_tasks(n)]
+    tasks = make_tasks(n)
+    return NewTasks([t.key for t in tasks], [dict(t.features) for t in tasks], [""] * n)
 
 
 def reference_rates(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,12 +32,26 @@ from bots_server.store import (
     Store,
 )
 
+T = TypeVar("T")
+
+
+def _trainer_call(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Bulk work gives way while the call runs (see core/priority.py)."""
+
+    @functools.wraps(method)
+    async def call(self: Batches, *args: Any) -> T:
+        with self.runtime.priority.foreground():
+            return await method(self, *args)
+
+    return call
+
 
 class Batches:
     def __init__(self, runtime: Runtime, checkpoints: Checkpoints) -> None:
         self.runtime = runtime
         self.checkpoints = checkpoints
 
+    @_trainer_call
     async def select(self, name: str, batch_size: int, request_key: str) -> Batch:
         """The next batch: chosen from this replica's copy and stored in one
         transaction, whose checks (the step, the pool, the open batches)
@@ -48,6 +64,7 @@ class Batches:
             live = await self.runtime.resident(name)
             return await self._select(live, batch_size, request_key or uuid.uuid4().hex)
 
+    @_trainer_call
     async def report(self, name: str, batch_id: str, outcomes: Sequence[Outcome]) -> ReportResult:
         """Apply one batch's outcomes as one step; acknowledged once committed.
 
@@ -64,6 +81,7 @@ class Batches:
             live = await self.runtime.resident(name)
             return await self._report(live, batch_id, outcomes)
 
+    @_trainer_call
     async def report_and_select(
         self, name: str, batch_id: str, outcomes: Sequence[Outcome], batch_size: int, request_key: str
     ) -> tuple[ReportResult, Batch]:

@@ -52,11 +52,19 @@ def config_settings() -> list[tuple[str, Setting, Any]]:
     return list(settings(ExperimentConfig))
 
 
-@dataclass(frozen=True, slots=True)  # slots: AddTasks may hold a million at once
-class Task:
-    key: str
-    features: Mapping[str, float] = field(default_factory=dict)
-    group: str = ""  # e.g. its dataset; "": none
+@dataclass
+class NewTasks:
+    """Tasks to add, as columns (one entry per task in each): an upload of a
+    million tasks as a million objects would give the garbage collector a
+    million more to scan, in pauses that every caller of the process waits
+    through; strings, and dicts of numbers, it does not scan."""
+
+    keys: list[str] = field(default_factory=list)
+    features: list[dict[str, float]] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)  # e.g. its dataset; "": none
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
 from bots_server.core.experiment import reference_rates
+from bots_server.core.priority import Pacer
 from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import Runtime
 from bots_server.engine import PosteriorState
@@ -125,11 +127,13 @@ class Experiments:
         audit.experiments.info("experiment forked", extra={"experiment": name, "source": source, "step": row.step})
         return summary(row, open_batches=0)
 
-    async def restore(self, data: RestoreData) -> Experiment:
-        """A new experiment from a snapshot: its tasks, posterior and step."""
+    async def restore(self, data: RestoreData, pacer: Pacer | None = None) -> Experiment:
+        """A new experiment from a snapshot: its tasks, posterior and step.
+        `pacer`: the call's, if it has one already (see core/priority.py)."""
         validation.experiment_name(data.name)
         validation.config(data.config)
         rt = self.runtime
+        pacer = pacer or rt.priority.pacer()
         await rt.run(
             validation.snapshot,
             data.config,
@@ -140,6 +144,7 @@ class Experiments:
             data.beta,
             data.features,
             data.capability,
+            pacer.pace,
         )
         for what, values in (("retired flags", data.retired), ("groups", data.groups)):
             if values and len(values) != len(data.keys):
@@ -161,11 +166,12 @@ class Experiments:
             retired=[i for i, r in enumerate(data.retired) if r],
             groups=data.groups or None,
         )
-        row = await self.quotas.write(claim, rt.store.create_copy, copy, rt.clock())
+        create = functools.partial(rt.store.create_copy, pace=pacer.pace)
+        row = await self.quotas.write(claim, create, copy, rt.clock())
         audit.experiments.info("experiment restored", extra={"experiment": data.name, "source": copy.forked_from, "step": row.step})
         return summary(row, open_batches=0)
 
-    async def snapshot(self, name: str, include_features: bool = False) -> Snapshot:
+    async def snapshot(self, name: str, include_features: bool = False, pacer: Pacer | None = None) -> Snapshot:
         validation.experiment_name(name)
         rt = self.runtime
         async with rt.locked(name):
@@ -181,7 +187,8 @@ class Experiments:
             dataclasses.replace(row, step=step, num_tasks=len(keys), capability=capability), open_batches
         )
         keys_list, alpha, beta = await rt.run(lambda: (keys.tolist(), state.alpha.tolist(), state.beta.tolist()))
-        features = await rt.db(rt.store.load_features, live.id, len(keys)) if include_features else None
+        pace = None if pacer is None else pacer.pace
+        features = await rt.db(rt.store.load_features, live.id, len(keys), pace) if include_features else None
         return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups)
 
 

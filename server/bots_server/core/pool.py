@@ -19,7 +19,7 @@ import numpy as np
 
 from bots_server.core import audit, limits, validation
 from bots_server.core.allocator import release_free_memory
-from bots_server.core.domain import GroupInfo, RetireResult, Task
+from bots_server.core.domain import GroupInfo, NewTasks, RetireResult
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.limits import shown
 from bots_server.core.quotas import QuotaCheck
@@ -34,14 +34,15 @@ class Pool:
         self.runtime = runtime
         self.quotas = quotas
 
-    async def add_tasks(self, name: str, tasks: Sequence[Task]) -> tuple[int, int]:
+    async def add_tasks(self, name: str, tasks: NewTasks) -> tuple[int, int]:
         """Add tasks at the prior, all or nothing. Returns (added, tasks in the experiment)."""
         validation.experiment_name(name)
         rt = self.runtime
         async with rt.locked(name):
             live, _ = await rt.ready(name)
-            await rt.run(validation.tasks, live.config, tasks)
-            keys, features, groups = await rt.run(_columns, tasks)
+            pacer = rt.priority.pacer()
+            await rt.run(validation.tasks, live.config, tasks, pacer.pace)
+            keys, features, groups = tasks.keys, tasks.features, tasks.groups or [""] * len(tasks)
             for _ in range(MAX_WRITE_ATTEMPTS):
                 taken = [keys[j] for j in np.flatnonzero(await rt.run(live.keys.lookup, keys) >= 0).tolist()]
                 if taken:
@@ -54,7 +55,7 @@ class Pool:
                     )
                 claim = await self.quotas.more_tasks(name, live.num_tasks, len(keys))
                 try:
-                    add = functools.partial(rt.store.add_tasks, groups=groups)
+                    add = functools.partial(rt.store.add_tasks, groups=groups, pace=pacer.pace)
                     await self.quotas.write(claim, add, live.id, live.num_tasks, keys, features)
                 except StaleStep:
                     await rt.catch_up(live)
@@ -181,11 +182,3 @@ def _already_has(name: str, taken: list[str]) -> AlreadyExists:
     shown = ", ".join(repr(k) for k in taken[:5])
     more = f" and {len(taken) - 5} more" if len(taken) > 5 else ""
     return AlreadyExists(f"experiment {name!r} already has tasks {shown}{more}")
-
-
-def _columns(tasks: Sequence[Task]) -> tuple[list[str], list[dict[str, float]], list[str]]:
-    """Keys, features and groups of `tasks`, as the store takes them."""
-    keys = [task.key for task in tasks]
-    # The service hands dicts already: a copy of a million would double the peak.
-    features = [f if type(f) is dict else dict(f) for f in (task.features for task in tasks)]
-    return keys, features, [task.group for task in tasks]

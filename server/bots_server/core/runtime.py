@@ -30,6 +30,7 @@ from bots_server.core.database import DatabaseHealth
 from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView, SelectorObserver
+from bots_server.core.priority import Priority
 from bots_server.errors import NotFound, Unavailable
 from bots_server.store import LoadedRows, Lookup, Store
 
@@ -66,6 +67,7 @@ class Runtime:
         self.evictions = 0
         self._locks: dict[str, _NamedLock] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
+        self.priority = Priority()
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run blocking work on the pool, in this call's context (its request id)."""

@@ -3,12 +3,14 @@ InvalidArgument naming the value (cut short: see limits.shown)."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bots_server.core import limits
-from bots_server.core.domain import ExperimentConfig, Outcome, Task, config_settings
+from bots_server.core.domain import ExperimentConfig, NewTasks, Outcome, config_settings
 from bots_server.core.limits import shown
+from bots_server.core.priority import BLOCK
 from bots_server.errors import InvalidArgument
 
 
@@ -62,32 +64,36 @@ def config(cfg: ExperimentConfig) -> None:
             )
 
 
-def tasks(cfg: ExperimentConfig, new_tasks: Sequence[Task]) -> None:
+def tasks(cfg: ExperimentConfig, new: NewTasks, pace: Callable[[], None] | None = None) -> None:
     """Keys non-empty, short and distinct; features bounded and finite;
-    reference pass rates in [0, 1]."""
-    if not new_tasks:
+    reference pass rates in [0, 1]. `pace` is called between blocks of
+    tasks (see core/priority.py)."""
+    if not new.keys:
         raise InvalidArgument("no tasks given")
     seen: set[str] = set()
     references = {cfg.weak_feature, cfg.strong_feature} - {""}
-    for position, task in enumerate(new_tasks):
-        if not task.key:
+    rows = zip(new.keys, new.features, new.groups or itertools.repeat(""), strict=False)  # one length: NewTasks
+    for position, (key, features, group) in enumerate(rows):
+        if pace is not None and position and position % BLOCK == 0:
+            pace()
+        if not key:
             raise InvalidArgument(f"task #{position} has an empty key")
-        text("task key", task.key, limits.MAX_KEY_LENGTH)
-        if task.key in seen:
-            raise InvalidArgument(f"task key {shown(task.key)} appears more than once in the request")
-        seen.add(task.key)
-        text(f"task {shown(task.key)}: group", task.group, limits.MAX_GROUP_NAME_LENGTH)
-        if len(task.features) > limits.MAX_FEATURES_PER_TASK:
+        text("task key", key, limits.MAX_KEY_LENGTH)
+        if key in seen:
+            raise InvalidArgument(f"task key {shown(key)} appears more than once in the request")
+        seen.add(key)
+        text(f"task {shown(key)}: group", group, limits.MAX_GROUP_NAME_LENGTH)
+        if len(features) > limits.MAX_FEATURES_PER_TASK:
             raise InvalidArgument(
-                f"task {shown(task.key)} has {len(task.features)} features; at most {limits.MAX_FEATURES_PER_TASK}"
+                f"task {shown(key)} has {len(features)} features; at most {limits.MAX_FEATURES_PER_TASK}"
             )
-        for name, value in task.features.items():
-            text(f"task {shown(task.key)}: feature name", name, limits.MAX_FEATURE_NAME_LENGTH, empty=False)
+        for name, value in features.items():
+            text(f"task {shown(key)}: feature name", name, limits.MAX_FEATURE_NAME_LENGTH, empty=False)
             if not math.isfinite(value):
-                raise InvalidArgument(f"task {shown(task.key)}: feature {shown(name)} = {value!r} is not finite")
+                raise InvalidArgument(f"task {shown(key)}: feature {shown(name)} = {value!r} is not finite")
             if name in references and not 0.0 <= value <= 1.0:
                 raise InvalidArgument(
-                    f"task {shown(task.key)}: reference pass rate {shown(name)} = {value!r} is outside [0, 1]"
+                    f"task {shown(key)}: reference pass rate {shown(name)} = {value!r} is outside [0, 1]"
                 )
 
 
@@ -169,11 +175,12 @@ def snapshot(
     cfg: ExperimentConfig,
     step: int,
     source: str,
-    keys: Sequence[str],
+    keys: list[str],
     alpha: Sequence[float],
     beta: Sequence[float],
-    features: Sequence[dict[str, float]],
+    features: list[dict[str, float]],
     capability: float | None,
+    pace: Callable[[], None] | None = None,
 ) -> None:
     """A snapshot to restore: one entry per task everywhere, a valid posterior."""
     if step > limits.MAX_STEP:
@@ -185,7 +192,7 @@ def snapshot(
             f"{len(beta)} beta, {len(features)} features"
         )
     if keys:
-        tasks(cfg, [Task(k, f) for k, f in zip(keys, features, strict=True)])
+        tasks(cfg, NewTasks(keys, features), pace)
     for name, values in (("alpha", alpha), ("beta", beta)):
         for key, value in zip(keys, values, strict=True):
             if not (math.isfinite(value) and value > 0):

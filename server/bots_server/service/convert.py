@@ -21,13 +21,14 @@ from bots_server.core.domain import (
     Experiment,
     ExperimentConfig,
     GroupInfo,
+    NewTasks,
     Outcome,
     ReportResult,
     RetireResult,
-    Task,
     config_settings,
 )
 from bots_server.core.limits import shown
+from bots_server.core.priority import Pacer
 from bots_server.errors import InvalidArgument
 
 ENUM_SETTINGS: dict[str, tuple[str, EnumTypeWrapper]] = {
@@ -97,8 +98,13 @@ def experiment_to_proto(experiment: Experiment) -> pb.Experiment:
     return message
 
 
-def tasks_from_proto(messages: Iterable[pb.Task]) -> list[Task]:
-    return [Task(key=m.key, features=dict(m.features), group=m.group) for m in messages]
+def add_tasks_from_proto(into: NewTasks, messages: Iterable[pb.Task], pacer: Pacer) -> None:
+    """Append the tasks of `messages` to `into`, giving way to trainer calls
+    between blocks (see core/priority.py)."""
+    for m in pacer.paced(messages):
+        into.keys.append(m.key)
+        into.features.append(dict(m.features))
+        into.groups.append(m.group)
 
 
 def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> list[Outcome]:

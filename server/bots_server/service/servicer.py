@@ -17,8 +17,9 @@ import grpc
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_server.core import tenancy
-from bots_server.core.domain import Experiment, RestoreData, Snapshot
+from bots_server.core.domain import Experiment, NewTasks, RestoreData, Snapshot
 from bots_server.core.limits import shown
+from bots_server.core.priority import BLOCK, Pacer
 from bots_server.core.quotas import DEFAULT_STREAM_BOUNDS, StreamBounds
 from bots_server.core.selector import SelectorService
 from bots_server.errors import InvalidArgument, ResourceExhausted
@@ -125,6 +126,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         groups: list[str] = []
         async with self.admission.holding(_caller_tenant(), "RestoreExperiment") as charge:
             budget = _StreamBudget("RestoreExperiment", self.stream_bounds, charge)
+            pacer = self.core.runtime.priority.pacer()
             async for chunk in request_iterator:
                 if first is None:
                     first = chunk
@@ -141,7 +143,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                     keys.extend(chunk.keys)
                     alpha.extend(chunk.alpha)
                     beta.extend(chunk.beta)
-                    features.extend(dict(f.values) for f in chunk.features)
+                    features.extend(dict(f.values) for f in pacer.paced(chunk.features))
                     retired.extend(chunk.retired)
                     groups.extend(chunk.groups)
 
@@ -162,7 +164,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 retired=retired,
                 groups=groups,
             )
-            return _shown(await self.core.experiments.restore(data))
+            return _shown(await self.core.experiments.restore(data, pacer))
 
     @unary
     async def GetExperiment(self, request: pb.GetExperimentRequest, context: grpc.aio.ServicerContext) -> pb.Experiment:
@@ -190,10 +192,11 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         self, request_iterator: AsyncIterator[pb.AddTasksRequest], context: grpc.aio.ServicerContext
     ) -> pb.AddTasksResponse:
         first: pb.AddTasksRequest | None = None
-        tasks = []
+        tasks = NewTasks()
         name = ""
         async with self.admission.holding(_caller_tenant(), "AddTasks") as charge:
             budget = _StreamBudget("AddTasks", self.stream_bounds, charge)
+            pacer = self.core.runtime.priority.pacer()
             async for chunk in request_iterator:
                 if first is None:
                     first = chunk
@@ -209,7 +212,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 await budget.take(chunk, len(chunk.tasks))
                 # Off the event loop: converting a large message is CPU that
                 # would hold every other caller's responses back.
-                tasks.extend(await asyncio.to_thread(convert.tasks_from_proto, chunk.tasks))
+                await asyncio.to_thread(convert.add_tasks_from_proto, tasks, chunk.tasks, pacer)
             if first is None:
                 raise InvalidArgument("AddTasks: empty stream")
             _check_complete("AddTasks", first, len(tasks))
@@ -272,14 +275,15 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         num_tasks = await self.core.experiments.size(name)
         async with self.admission.holding(_caller_tenant(), "Snapshot") as charge:
             await charge.at_least(snapshot_cost(num_tasks, request.include_features))
-            snap = await self.core.experiments.snapshot(name, request.include_features)
-            # Chunks are sized and built on a worker thread: a large
-            # experiment's copy takes seconds of CPU that would otherwise stall
-            # every other caller's responses on the event loop.
-            bounds = await asyncio.to_thread(_chunk_bounds, snap)
+            pacer = self.core.runtime.priority.pacer()
+            snap = await self.core.experiments.snapshot(name, request.include_features, pacer)
+            # Chunks are sized and built on a worker thread, in blocks that
+            # give way to trainer calls: a large experiment's copy takes
+            # seconds of CPU that would otherwise stall every other caller.
+            bounds = await asyncio.to_thread(_chunk_bounds, snap, pacer)
             for start, stop in bounds:
                 chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment)) if start == 0 else pb.SnapshotChunk()
-                yield await asyncio.to_thread(_fill, chunk, snap, start, stop)
+                yield await asyncio.to_thread(_fill, chunk, snap, start, stop, pacer)
 
 
 def _check_complete(method: str, first: pb.AddTasksRequest | pb.RestoreExperimentRequest, received: int) -> None:
@@ -292,11 +296,11 @@ def _check_complete(method: str, first: pb.AddTasksRequest | pb.RestoreExperimen
         )
 
 
-def _chunk_bounds(snap: Snapshot) -> list[tuple[int, int]]:
+def _chunk_bounds(snap: Snapshot, pacer: Pacer) -> list[tuple[int, int]]:
     """[start, stop) of each chunk of about SNAPSHOT_CHUNK_BYTES; one chunk
     at least, so that an empty experiment still answers with its summary."""
     bounds, start, size = [], 0, 0
-    for i, key in enumerate(snap.keys):
+    for i, key in pacer.paced(enumerate(snap.keys)):
         size += len(key.encode()) + _PER_TASK_OVERHEAD
         if snap.features is not None:
             size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
@@ -310,14 +314,16 @@ def _chunk_bounds(snap: Snapshot) -> list[tuple[int, int]]:
     return bounds
 
 
-def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int) -> pb.SnapshotChunk:
-    chunk.keys.extend(snap.keys[start:stop])
-    chunk.alpha.extend(snap.alpha[start:stop])
-    chunk.beta.extend(snap.beta[start:stop])
-    if snap.features is not None:
-        chunk.features.extend(pb.Features(values=f) for f in snap.features[start:stop])
-    if snap.retired is not None:
-        chunk.retired.extend(snap.retired[start:stop])
-    if snap.groups is not None:
-        chunk.groups.extend(snap.groups[start:stop])
+def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int, pacer: Pacer) -> pb.SnapshotChunk:
+    for lo in pacer.paced(range(start, stop, BLOCK), size=1):
+        hi = min(lo + BLOCK, stop)
+        chunk.keys.extend(snap.keys[lo:hi])
+        chunk.alpha.extend(snap.alpha[lo:hi])
+        chunk.beta.extend(snap.beta[lo:hi])
+        if snap.features is not None:
+            chunk.features.extend(pb.Features(values=f) for f in snap.features[lo:hi])
+        if snap.retired is not None:
+            chunk.retired.extend(snap.retired[lo:hi])
+        if snap.groups is not None:
+            chunk.groups.extend(snap.groups[lo:hi])
     return chunk

@@ -114,6 +114,7 @@ class Store(abc.ABC):
         abandoned: Callable[[], bool] | None = None,
         *,
         limits: TenantLimits | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> ExperimentRow:
         """A new experiment starting at a given state and step (fork,
         restore): its tasks (copied from `copy.source_id`'s first
@@ -122,7 +123,7 @@ class Store(abc.ABC):
 
         Raises AlreadyExists if the name is taken; nothing is written then.
         Keys must be unique (the caller validates them). `abandoned`: see
-        add_tasks. `limits` (of `copy.tenant`): OverQuota if one more
+        add_tasks. `pace`: see add_tasks. `limits` (of `copy.tenant`): OverQuota if one more
         experiment, or `copy.num_tasks` more tasks, would exceed them.
         """
 
@@ -164,6 +165,7 @@ class Store(abc.ABC):
         groups: Sequence[str] | None = None,
         *,
         limits: TenantLimits | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> int:
         """Append tasks at indices expected_num_tasks, expected_num_tasks+1, ...
         and return the new number of tasks. `groups`: each task's group ("" or
@@ -180,6 +182,10 @@ class Store(abc.ABC):
         `limits` (of the experiment's tenant): OverQuota if `keys` more
         tasks would exceed its max_tasks (max_experiments is not checked:
         no experiment is added).
+
+        `pace`, if given, is called between blocks of the work (encoding the
+        rows, and writing them where that does not hold other writers), so
+        that the caller can give way to more urgent work meanwhile.
         """
 
     @abc.abstractmethod
@@ -218,8 +224,11 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def load_features(self, experiment_id: int, num_tasks: int) -> list[dict[str, float]]:
-        """The features of tasks 0..num_tasks-1, in task order."""
+    def load_features(
+        self, experiment_id: int, num_tasks: int, pace: Callable[[], None] | None = None
+    ) -> list[dict[str, float]]:
+        """The features of tasks 0..num_tasks-1, in task order. `pace`, if
+        given, is called between blocks of the decoding (see add_tasks)."""
 
     @abc.abstractmethod
     def read_event(self, experiment_id: int, step: int) -> StepEvent:

@@ -4,6 +4,7 @@ bounded waits everywhere, COPY for bulk rows."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -15,6 +16,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from bots_server.store import schema as t
 from bots_server.store.sql import SqlStore
+from bots_server.store.sql_base import ROWS_PER_PACE
 from bots_server.store.sql_statements import (
     ADVANCE_STEP,
     ADVANCE_STEP_SAME_POOL,
@@ -94,11 +96,24 @@ class PostgresStore(SqlStore):
         return sa.cast(column, sa.JSON)  # the column is TEXT: PostgreSQL's JSON operators need the cast
 
     def _bulk_insert(
-        self, conn: Connection, table: sa.Table, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]
+        self,
+        conn: Connection,
+        table: sa.Table,
+        columns: Sequence[str],
+        rows: Iterable[tuple[Any, ...]],
+        pace: Callable[[], None] | None = None,
     ) -> None:
-        with _copy(conn, f"COPY {table.name} ({', '.join(columns)}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        # Pauses between blocks hold only this transaction's own locks: other
+        # experiments' writes go on meanwhile. Each block is a COPY of its own,
+        # so that no one statement lasts as long as the pauses add up to.
+        sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+        remaining = iter(rows)
+        for n, block in enumerate(iter(lambda: list(itertools.islice(remaining, ROWS_PER_PACE)), [])):
+            if pace is not None and n:
+                pace()
+            with _copy(conn, sql) as copy:
+                for row in block:
+                    copy.write_row(row)
 
     @contextmanager
     def _migration_lock(self) -> Iterator[None]:

@@ -76,6 +76,11 @@ def _first_line(e: BaseException) -> str:
     return str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
+# Rows between two calls of a bulk write's `pace` (see _bulk_insert): a few
+# milliseconds of encoding or of the database's COPY.
+ROWS_PER_PACE = 500
+
+
 class SqlBase(Store):
     """Connections, transactions, schema, admission and the dialect hooks
     of SqlStore; the mixins of sql_experiments.py, sql_tasks.py and
@@ -191,11 +196,17 @@ class SqlBase(Store):
 
     @abc.abstractmethod
     def _bulk_insert(
-        self, conn: Connection, table: sa.Table, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]
+        self,
+        conn: Connection,
+        table: sa.Table,
+        columns: Sequence[str],
+        rows: Iterable[tuple[Any, ...]],
+        pace: Callable[[], None] | None = None,
     ) -> None:
         """Insert many rows, fast, in `conn`'s transaction. Driver errors
         surface as SQLAlchemy's (IntegrityError, ...), as those of statements
-        run through SQLAlchemy do."""
+        run through SQLAlchemy do. `pace`, if given, may be called between
+        blocks of rows where the database lets others write meanwhile."""
 
     @abc.abstractmethod
     def _migration_lock(self) -> AbstractContextManager[None]:

@@ -19,7 +19,14 @@ from bots_server.store.records import DEFAULT_TENANT, ExperimentCopy, Experiment
 from bots_server.store.sql_base import SqlBase, _tenant_usage, _translate_errors
 from bots_server.store.sql_batches import _RETIREMENT_COLUMNS, _shares_json
 from bots_server.store.sql_rows import _EXPERIMENTS, _experiment_row
-from bots_server.store.sql_tasks import _TASK_COLUMNS, _insert_chunk, _insert_key_block, _new_version, _read_keys
+from bots_server.store.sql_tasks import (
+    _TASK_COLUMNS,
+    _encode_features,
+    _insert_chunk,
+    _insert_key_block,
+    _new_version,
+    _read_keys,
+)
 
 
 class ExperimentsSql(SqlBase):
@@ -57,11 +64,12 @@ class ExperimentsSql(SqlBase):
         abandoned: Callable[[], bool] | None = None,
         *,
         limits: TenantLimits | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> ExperimentRow:
         n = copy.num_tasks
         # Encoded before the write begins, as in add_tasks: a write holds
         # every other writer of an SQLite database.
-        encoded = None if copy.features is None else [json.dumps(f) for f in copy.features]
+        encoded = None if copy.features is None else _encode_features(copy.features, pace)
         try:
             with self._write(abandoned) as conn:
                 self._admit(conn, limits, new_experiment=True, tasks=n)
@@ -97,7 +105,7 @@ class ExperimentsSql(SqlBase):
                         (experiment_id, i, k, f, g or None)
                         for i, (k, f, g) in enumerate(zip(copy.keys, encoded, groups, strict=True))
                     )
-                    self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
+                    self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows, pace)
                 self._copy_key_blocks(conn, experiment_id, copy)
                 version, size = _new_version(), pieces.chunk_bytes(copy.state)
                 conn.execute(

@@ -5,9 +5,10 @@ checkpoints, and the compaction of old events."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,7 +20,7 @@ from bots_server.store import pieces
 from bots_server.store import schema as t
 from bots_server.store.errors import StaleStep
 from bots_server.store.records import CheckpointRow, Compacted, LoadedRows, Lookup, StepEvent, TenantLimits
-from bots_server.store.sql_base import SqlBase, _translate_errors
+from bots_server.store.sql_base import ROWS_PER_PACE, SqlBase, _translate_errors
 from bots_server.store.sql_batches import _find_batch, _read_open_batches, _read_pool_events
 from bots_server.store.sql_rows import _EXPERIMENTS, _experiment_row, _utc
 
@@ -40,16 +41,20 @@ class TasksSql(SqlBase):
         groups: Sequence[str] | None = None,
         *,
         limits: TenantLimits | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> int:
         total = expected_num_tasks + len(keys)
         groups = groups or [""] * len(keys)
-        # The rows are made before the write begins: on SQLite a write holds
-        # every other writer of the database (other tenants' reports too),
-        # and encoding a large upload's features takes longer than storing them.
-        rows = [
-            (experiment_id, expected_num_tasks + i, key, json.dumps(f), g or None)
-            for i, (key, f, g) in enumerate(zip(keys, features, groups, strict=True))
-        ]
+        # The features are encoded before the write begins: on SQLite a write
+        # holds every other writer of the database (other tenants' reports
+        # too), and encoding them takes longer than storing them.
+        encoded = _encode_features(features, pace)
+        # Each row's tuple is made as it is written, not a million of them at once
+        # (see core/domain.NewTasks).
+        rows = (
+            (experiment_id, i, key, f, g or None)
+            for i, key, f, g in zip(itertools.count(expected_num_tasks), keys, encoded, groups, strict=False)
+        )
         try:
             with self._write(abandoned) as conn:
                 self._admit(conn, limits, new_experiment=False, tasks=len(keys))
@@ -60,7 +65,7 @@ class TasksSql(SqlBase):
                 ).rowcount
                 if updated != 1:
                     raise StaleStep()
-                self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows)
+                self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows, pace)
                 _insert_key_block(conn, experiment_id, expected_num_tasks, keys, groups)
         except exc.IntegrityError as e:
             existing = self._existing_keys(experiment_id, keys, limit=5)
@@ -150,14 +155,22 @@ class TasksSql(SqlBase):
         return self._json(t.tasks.c.features)[name].as_float()
 
     @_translate_errors
-    def load_features(self, experiment_id: int, num_tasks: int) -> list[dict[str, float]]:
+    def load_features(
+        self, experiment_id: int, num_tasks: int, pace: Callable[[], None] | None = None
+    ) -> list[dict[str, float]]:
         query = (
             sa.select(t.tasks.c.features)
             .where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.task_idx < num_tasks)
             .order_by(t.tasks.c.task_idx)
         )
         with self._read() as conn:
-            return [json.loads(f) for f in conn.execute(query).scalars()]
+            encoded = conn.execute(query).scalars().all()
+        features = []
+        for start in range(0, len(encoded), ROWS_PER_PACE):
+            if pace is not None and start:
+                pace()
+            features += [json.loads(f) for f in encoded[start : start + ROWS_PER_PACE]]
+        return features
 
     def _read_checkpoint(self, conn: Connection, experiment_id: int) -> CheckpointRow:
         row = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
@@ -337,6 +350,16 @@ def _insert_chunk(conn: Connection, experiment_id: int, version: int, seq: int, 
     conn.execute(
         t.checkpoint_chunks.insert().values(experiment_id=experiment_id, version=version, seq=seq, step=step, data=data)
     )
+
+
+def _encode_features(features: Sequence[Mapping[str, float]], pace: Callable[[], None] | None) -> list[str]:
+    """Each task's features as JSON text; `pace` between blocks."""
+    encoded: list[str] = []
+    for start in range(0, len(features), ROWS_PER_PACE):
+        if pace is not None and start:
+            pace()
+        encoded += [json.dumps(f) for f in features[start : start + ROWS_PER_PACE]]
+    return encoded
 
 
 def _insert_key_block(

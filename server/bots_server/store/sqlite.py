@@ -114,10 +114,16 @@ class SqliteStore(SqlStore):
         return sa.type_coerce(column, sa.JSON)  # SQLite's JSON functions take the text as it is
 
     def _bulk_insert(
-        self, conn: Connection, table: sa.Table, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]
+        self,
+        conn: Connection,
+        table: sa.Table,
+        columns: Sequence[str],
+        rows: Iterable[tuple[Any, ...]],
+        pace: Callable[[], None] | None = None,
     ) -> None:
         # The driver's executemany on plain tuples: no per-row dict or
         # statement compilation, and still SQLAlchemy's events and errors.
+        # No pauses (`pace`): the transaction holds every writer of the file.
         params = list(rows)
         if params:
             placeholders = ", ".join("?" for _ in columns)

@@ -1,0 +1,82 @@
+"""Bulk work gives way to trainer calls, and keeps its share (core/priority.py)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+
+from bots_client.proto import bots_pb2 as pb
+from bots_server.core.domain import NewTasks
+from bots_server.core.priority import Priority
+from bots_server.service import convert
+
+
+def paced_after(priority: Priority, worked_s: float) -> float:
+    """Seconds one pace() waits after a block that took `worked_s`."""
+    pacer = priority.pacer()
+    time.sleep(worked_s)  # the block
+    start = time.monotonic()
+    pacer.pace()
+    return time.monotonic() - start
+
+
+def test_bulk_runs_on_at_once_when_no_trainer_call_is_in_flight() -> None:
+    assert paced_after(Priority(linger_s=0.5), 0.02) < 0.1
+
+
+def test_bulk_waits_for_the_trainer_call_and_its_linger() -> None:
+    priority = Priority(bulk_share=0.01, linger_s=0.1)  # patience: 99 x the block
+    released = threading.Event()
+
+    def trainer_call() -> None:
+        with priority.foreground():
+            released.wait()
+
+    caller = threading.Thread(target=trainer_call)
+    caller.start()
+    time.sleep(0.05)
+    threading.Timer(0.3, released.set).start()
+    waited = paced_after(priority, 0.05)  # may wait up to 5 s
+    caller.join()
+    # The call ended at least 0.25 s after the pace began, then 0.1 s of linger.
+    assert 0.3 <= waited < 2.0
+
+
+def test_bulk_keeps_its_share_under_a_call_that_never_ends() -> None:
+    priority = Priority(bulk_share=0.2, linger_s=0.0)  # waits at most 4 x the block
+    with priority.foreground():
+        waited = paced_after(priority, 0.05)
+    assert 0.15 <= waited < 1.0
+
+
+def test_bulk_share_must_be_a_fraction() -> None:
+    for share in (0.0, 1.5):
+        with pytest.raises(ValueError, match="bulk share"):
+            Priority(bulk_share=share)
+
+
+def test_paced_yields_every_item_in_order_and_paces_between_blocks() -> None:
+    priority = Priority()
+    pacer = priority.pacer()
+    calls = []
+    pacer.pace = lambda: calls.append(1)  # type: ignore[method-assign]
+    assert list(pacer.paced(range(10), size=4)) == list(range(10))
+    assert len(calls) == 2  # before items 4 and 8
+
+
+def test_uploaded_tasks_give_the_garbage_collector_nothing_to_scan() -> None:
+    """A million uploaded tasks as objects made every full collection of the
+    process scan them, in pauses of 50-150 ms that every caller waited
+    through; as columns of strings and dicts of numbers they are not scanned."""
+    message = pb.AddTasksRequest(
+        tasks=[pb.Task(key=f"t-{i}", features={"weak": 0.5}, group="g") for i in range(20_000)]
+    )
+    tasks = NewTasks()
+    gc.collect()
+    before = len(gc.get_objects())
+    convert.add_tasks_from_proto(tasks, message.tasks, Priority().pacer())
+    assert len(tasks) == 20_000 and tasks.features[7] == {"weak": 0.5} and tasks.groups[7] == "g"
+    assert len(gc.get_objects()) - before < 100
