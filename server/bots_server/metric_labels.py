@@ -74,3 +74,6 @@ class OpaqueLabels(SelectorObserver):
 
     def experiment_evicted(self, experiment: str) -> None:
         self.inner.experiment_evicted(opaque_experiment(experiment))
+
+    def bulk_yielded(self, seconds: float) -> None:
+        self.inner.bulk_yielded(seconds)

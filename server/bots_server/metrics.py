@@ -204,6 +204,11 @@ class ExperimentMetrics(SelectorObserver, Collector):
             "Idle experiments dropped from memory to keep within the memory budget (--memory-budget-mb).",
             registry=registry,
         )
+        self.bulk_yield = Counter(
+            "bots_bulk_yield_seconds",
+            "Time uploads, restores and snapshots waited for trainer calls (selects and reports) in flight.",
+            registry=registry,
+        )
         self._views: dict[str, _ExperimentView] = {}
         self._groups: dict[str, set[str]] = {}  # labels of group_tasks_selected, to drop with the experiment
         # Deleted experiments whose late hooks (queued before the delete, run
@@ -296,6 +301,9 @@ class ExperimentMetrics(SelectorObserver, Collector):
     def tasks_added(self, experiment: str, num_tasks: int) -> None:
         if not self._gone(experiment):
             self.tasks.labels(experiment).set(num_tasks)
+
+    def bulk_yielded(self, seconds: float) -> None:
+        self.bulk_yield.inc(seconds)  # thread-safe
 
     def experiment_evicted(self, experiment: str) -> None:
         # Let go of its posterior arrays (the memory the eviction frees); its

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import threading
 import time
+import traceback
 
 import pytest
 
+import bots_client
 from bots_client.proto import bots_pb2 as pb
 from bots_server.core.domain import NewTasks
-from bots_server.core.priority import Priority
+from bots_server.core.priority import BLOCK, Pacer, Priority
 from bots_server.service import convert
+from bots_server.testing.inprocess import InProcessService
 
 
 def paced_after(priority: Priority, worked_s: float) -> float:
@@ -46,10 +50,12 @@ def test_bulk_waits_for_the_trainer_call_and_its_linger() -> None:
 
 
 def test_bulk_keeps_its_share_under_a_call_that_never_ends() -> None:
-    priority = Priority(bulk_share=0.2, linger_s=0.0)  # waits at most 4 x the block
+    yielded: list[float] = []
+    priority = Priority(bulk_share=0.2, linger_s=0.0, on_yield=yielded.append)  # waits at most 4 x the block
     with priority.foreground():
         waited = paced_after(priority, 0.05)
     assert 0.15 <= waited < 1.0
+    assert len(yielded) == 1 and 0.15 <= yielded[0] <= waited  # what bots_bulk_yield_seconds_total counts
 
 
 def test_bulk_share_must_be_a_fraction() -> None:
@@ -80,3 +86,50 @@ def test_uploaded_tasks_give_the_garbage_collector_nothing_to_scan() -> None:
     convert.add_tasks_from_proto(tasks, message.tasks, Priority().pacer())
     assert len(tasks) == 20_000 and tasks.features[7] == {"weak": 0.5} and tasks.groups[7] == "g"
     assert len(gc.get_objects()) - before < 100
+
+
+def test_every_stage_of_uploads_restores_and_snapshots_gives_way(
+    fresh_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stage of the bulk calls paces between its blocks: converting the
+    messages, validating, encoding, and on PostgreSQL writing (SQLite's write
+    holds every writer, so it runs through); a snapshot's decoding and
+    chunks."""
+    stages: collections.Counter[str] = collections.Counter()
+    pace = Pacer.pace
+
+    def counted(self: Pacer) -> None:
+        names = {frame.name for frame in traceback.extract_stack()}
+        stages.update(STAGES.get(name, "") for name in names & STAGES.keys())
+        pace(self)
+
+    monkeypatch.setattr(Pacer, "pace", counted)
+    n = 3 * BLOCK
+    with InProcessService(fresh_db_url) as service:
+        with bots_client.Client("", channel=service.channel(), retry_timeout=0) as client:
+            client.create_experiment("e")
+            client.add_tasks("e", [bots_client.Task(f"t-{i}", {"w": i / n}, group="ab"[i % 2]) for i in range(n)])
+            uploaded = dict(stages)
+            stages.clear()
+            snap = client.snapshot("e", include_features=True)
+            snapshotted = dict(stages)
+            stages.clear()
+            client.restore_experiment("copy", snap)
+            restored = dict(stages)
+    written = {"write": 2} if fresh_db_url.startswith("postgresql") else {}
+    # Blocks of BLOCK: a pace before the second and the third.
+    assert uploaded == {"convert": 2, "validate": 2, "encode": 2, **written}
+    assert snapshotted == {"decode": 2, "chunks": 2, "fill": 2}
+    assert restored == {"convert": 2, "validate": 2, "encode": 2, **written}
+
+
+STAGES = {
+    "add_tasks_from_proto": "convert",
+    "take": "convert",
+    "tasks": "validate",
+    "_encode_features": "encode",
+    "_bulk_insert": "write",
+    "load_features": "decode",
+    "_chunk_bounds": "chunks",
+    "_fill": "fill",
+}

@@ -62,6 +62,10 @@ class SelectorObserver:
     def experiment_removed(self, experiment: str) -> None:
         """An experiment was deleted (here or on another replica); drop its series."""
 
+    def bulk_yielded(self, seconds: float) -> None:
+        """A bulk call (upload, restore, snapshot) waited `seconds` for
+        trainer calls (core/priority.py). Called on a worker thread."""
+
     def experiment_evicted(self, experiment: str) -> None:
         """An idle experiment left memory (the memory budget); it stays in the
         store, so its series stay."""

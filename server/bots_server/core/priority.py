@@ -20,7 +20,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -35,11 +35,18 @@ LINGER_S = 0.002
 
 
 class Priority:
-    def __init__(self, bulk_share: float = DEFAULT_BULK_SHARE, linger_s: float = LINGER_S) -> None:
+    def __init__(
+        self,
+        bulk_share: float = DEFAULT_BULK_SHARE,
+        linger_s: float = LINGER_S,
+        on_yield: Callable[[float], None] = lambda seconds: None,
+    ) -> None:
+        """`on_yield(seconds)`: after each pause, on the bulk call's thread."""
         if not 0.0 < bulk_share <= 1.0:
             raise ValueError(f"bulk share {bulk_share} is not in (0, 1]")
         self.patience = (1.0 - bulk_share) / bulk_share
         self.linger_s = linger_s
+        self.on_yield = on_yield
         self._changed = threading.Condition()
         self._foreground = 0
         self._last_end = -math.inf
@@ -75,7 +82,7 @@ class Pacer:
         for `patience` times as long as the last block took, whichever is
         first."""
         p = self.priority
-        now = time.monotonic()
+        start = now = time.monotonic()
         deadline = now + (now - self._since) * p.patience
         with p._changed:
             while now < deadline:
@@ -87,6 +94,8 @@ class Pacer:
                         break
                     p._changed.wait(min(p.linger_s - quiet, deadline - now))
                 now = time.monotonic()
+        if now > start:
+            p.on_yield(now - start)
         self._since = time.monotonic()
 
     def paced(self, items: Iterable[T], size: int = BLOCK) -> Iterator[T]:

@@ -67,7 +67,7 @@ class Runtime:
         self.evictions = 0
         self._locks: dict[str, _NamedLock] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
-        self.priority = Priority()
+        self.priority = Priority(on_yield=observer.bulk_yielded)
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run blocking work on the pool, in this call's context (its request id)."""
