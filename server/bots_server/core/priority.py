@@ -26,9 +26,11 @@ from typing import TypeVar
 T = TypeVar("T")
 
 DEFAULT_BULK_SHARE = 0.2
-# Rows or tasks per block: a few milliseconds of conversion, validation or
-# encoding each (measured about 1-4 µs a task).
-BLOCK = 500
+# Tasks per block: about a millisecond of conversion, validation or encoding
+# (1-4 µs a task), the most a trainer call that arrives meanwhile shares the
+# interpreter with. Blocks of 500 left team B's p99 at 2.2 times its p99 alone
+# under team A's flood on SQLite, blocks of 250 at 1.8-2.0 (bench.fairness).
+BLOCK = 250
 # A trainer's calls come back to back (report, then select): bulk work waits
 # this long after one ends before it takes the cores back.
 LINGER_S = 0.002

@@ -108,7 +108,8 @@ class PostgresStore(SqlStore):
         # so that no one statement lasts as long as the pauses add up to.
         sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
         remaining = iter(rows)
-        for n, block in enumerate(iter(lambda: list(itertools.islice(remaining, ROWS_PER_PACE)), [])):
+        blocks = [remaining] if pace is None else iter(lambda: list(itertools.islice(remaining, ROWS_PER_PACE)), [])
+        for n, block in enumerate(blocks):
             if pace is not None and n:
                 pace()
             with _copy(conn, sql) as copy:

@@ -76,9 +76,9 @@ def _first_line(e: BaseException) -> str:
     return str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-# Rows between two calls of a bulk write's `pace` (see _bulk_insert): a few
-# milliseconds of encoding or of the database's COPY.
-ROWS_PER_PACE = 500
+# Rows between two calls of a bulk write's `pace` (see _bulk_insert): about
+# a millisecond of encoding or of the database's COPY (see core/priority.py).
+ROWS_PER_PACE = 250
 
 
 class SqlBase(Store):
