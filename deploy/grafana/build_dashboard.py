@@ -349,6 +349,12 @@ def panels() -> list[dict[str, Any]]:
         description="How late the event loop runs timers; every call waits this long. Alert BotsEventLoopLag above 0.5 s.",
     )
     p.panel("Experiments in memory", [(f"bots_experiments_loaded{{{JOB}}}", "{{instance}}")])
+    p.panel(
+        "Bulk calls waiting for trainers",
+        [(f"rate(bots_bulk_yield_seconds_total{{{JOB}}}[$__rate_interval])", "{{instance}}")],
+        unit="s",
+        description="Seconds per second that uploads, restores and snapshots gave way to selects and reports in flight.",
+    )
     return p.panels
 
 

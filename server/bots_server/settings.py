@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from bots_server import logs
+from bots_server.core.priority import DEFAULT_BULK_SHARE
 from bots_server.metric_labels import LABEL_MODES
 
 
@@ -167,6 +168,14 @@ SETTINGS = (
         "(0: no bound)",
     ),
     Setting(
+        "--bulk-share",
+        "BOTS_BULK_SHARE",
+        "0.2",
+        "the least share of the time bulk calls (uploads, restores, snapshots) keep while selects and reports are "
+        "in flight, which they otherwise give way to; lower: trainers' latency nearer to their latency alone, "
+        "slower uploads meanwhile (in (0, 1]; 1: no giving way)",
+    ),
+    Setting(
         "--audit-log",
         "BOTS_AUDIT_LOG",
         "all",
@@ -232,6 +241,7 @@ class ServerSettings:
     inflight_budget_mb: float = 768.0
     tenant_inflight_budget_mb: float = 768.0
     tenant_bulk_calls: int = 1
+    bulk_share: float = DEFAULT_BULK_SHARE
     audit_log: str = "all"
 
     otlp_endpoint: str = ""
@@ -279,6 +289,13 @@ def _count(text: str, what: str, zero: bool = True) -> int:
     value = int(text)
     if value < (0 if zero else 1):
         raise ValueError(f"{what} = {text!r} must be {'>= 0' if zero else '>= 1'}")
+    return value
+
+
+def _share(text: str, what: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{what} = {text!r} must be in (0, 1]")
     return value
 
 
@@ -351,6 +368,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             inflight_budget_mb=_amount(args.inflight_budget_mb, "--inflight-budget-mb"),
             tenant_inflight_budget_mb=_amount(args.tenant_inflight_budget_mb, "--tenant-inflight-budget-mb"),
             tenant_bulk_calls=_count(args.tenant_bulk_calls, "--tenant-bulk-calls"),
+            bulk_share=_share(args.bulk_share, "--bulk-share"),
             audit_log=args.audit_log,
             otlp_endpoint=args.otlp_endpoint.strip(),
         )

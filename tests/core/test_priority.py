@@ -13,6 +13,7 @@ import pytest
 import bots_client
 from bots_client.proto import bots_pb2 as pb
 from bots_server.core.domain import NewTasks
+from bots_server.core.observer import SelectorObserver
 from bots_server.core.priority import BLOCK, Pacer, Priority
 from bots_server.service import convert
 from bots_server.testing.inprocess import InProcessService
@@ -133,3 +134,23 @@ STAGES = {
     "_chunk_bounds": "chunks",
     "_fill": "fill",
 }
+
+
+class _Yields(SelectorObserver):
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def bulk_yielded(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+
+def test_an_upload_during_a_trainer_call_waits_and_says_so(fresh_db_url: str) -> None:
+    """The upload completes (it keeps its share), and its waits reach the
+    observer (bots_bulk_yield_seconds_total)."""
+    observer = _Yields()
+    with InProcessService(fresh_db_url, observer=observer) as service:
+        with bots_client.Client("", channel=service.channel(), retry_timeout=0) as client:
+            client.create_experiment("e")
+            with service.core.runtime.priority.foreground():  # a trainer call that does not end
+                assert client.add_tasks("e", [bots_client.Task(f"t-{i}") for i in range(3 * BLOCK)]) == 3 * BLOCK
+    assert len(observer.seconds) >= 6 and all(s > 0 for s in observer.seconds)  # convert, validate, encode: 2 each

@@ -103,6 +103,17 @@ def test_stop_settings_are_checked_before_serving(
         settings.from_args(parsed)
 
 
+@pytest.mark.parametrize(("text", "share"), [("0", None), ("1.5", None), ("nan", None), ("0.1", 0.1), ("1", 1.0)])
+def test_bulk_share_is_a_fraction(text: str, share: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BOTS_BULK_SHARE", raising=False)
+    parsed = cli.build_parser().parse_args(["serve", "--bulk-share", text])
+    if share is None:
+        with pytest.raises(SystemExit, match=re.escape(f"--bulk-share = {text!r} must be in (0, 1]")):
+            settings.from_args(parsed)
+    else:
+        assert settings.from_args(parsed).bulk_share == share
+
+
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bots_server.cli", "serve", "--metrics-listen", "", *args],

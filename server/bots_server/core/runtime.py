@@ -30,7 +30,7 @@ from bots_server.core.database import DatabaseHealth
 from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView, SelectorObserver
-from bots_server.core.priority import Priority
+from bots_server.core.priority import DEFAULT_BULK_SHARE, Priority
 from bots_server.errors import NotFound, Unavailable
 from bots_server.store import LoadedRows, Lookup, Store
 
@@ -56,6 +56,7 @@ class Runtime:
         observer: SelectorObserver,
         database_timeout_s: float,
         memory_budget_bytes: int | None = None,
+        bulk_share: float = DEFAULT_BULK_SHARE,
     ) -> None:
         self.store = store
         self.memory_budget_bytes = memory_budget_bytes
@@ -67,7 +68,7 @@ class Runtime:
         self.evictions = 0
         self._locks: dict[str, _NamedLock] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
-        self.priority = Priority(on_yield=observer.bulk_yielded)
+        self.priority = Priority(bulk_share, on_yield=observer.bulk_yielded)
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run blocking work on the pool, in this call's context (its request id)."""

@@ -14,6 +14,7 @@ from bots_server.core.checkpoints import CheckpointPolicy, Checkpoints
 from bots_server.core.experiments import Experiments
 from bots_server.core.observer import SelectorObserver
 from bots_server.core.pool import Pool
+from bots_server.core.priority import DEFAULT_BULK_SHARE
 from bots_server.core.quotas import UNLIMITED, QuotaCheck, QuotasOf
 from bots_server.core.runtime import Runtime, utcnow
 from bots_server.store import Store
@@ -33,6 +34,7 @@ class SelectorService:
         database_timeout_s: float = 5.0,
         quotas_of: QuotasOf = lambda tenant: UNLIMITED,
         memory_budget_bytes: int | None = None,
+        bulk_share: float = DEFAULT_BULK_SHARE,
     ) -> None:
         self.store = store
         self.runtime = Runtime(
@@ -42,6 +44,7 @@ class SelectorService:
             observer=observer or SelectorObserver(),
             database_timeout_s=database_timeout_s,
             memory_budget_bytes=memory_budget_bytes,
+            bulk_share=bulk_share,
         )
         self.checkpoints = Checkpoints(self.runtime, checkpoint_policy)
         quotas = QuotaCheck(self.runtime, quotas_of)

@@ -148,6 +148,7 @@ class BotsServer:
             database_timeout_s=settings.database_timeout_seconds,
             quotas_of=(lambda tenant: credentials().quotas(tenant)) if credentials else (lambda tenant: default_quotas),
             memory_budget_bytes=int(settings.memory_budget_mb * _MB) or None,
+            bulk_share=settings.bulk_share,
         )
         runtime = self.selector.runtime
         self.metrics.loaded_bytes.set_function(lambda: runtime.memory_bytes)
