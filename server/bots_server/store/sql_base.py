@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -79,6 +80,16 @@ def _first_line(e: BaseException) -> str:
 # Rows between two calls of a bulk write's `pace` (see _bulk_insert): about
 # a millisecond of encoding or of the database's COPY (see core/priority.py).
 ROWS_PER_PACE = 250
+
+
+def in_blocks(fn: Callable[[T], R], items: Sequence[T], pace: Callable[[], None] | None) -> list[R]:
+    """[fn(item) for item in items], calling `pace` between blocks of ROWS_PER_PACE."""
+    out: list[R] = []
+    for start in range(0, len(items), ROWS_PER_PACE):
+        if pace is not None and start:
+            pace()
+        out += [fn(item) for item in items[start : start + ROWS_PER_PACE]]
+    return out
 
 
 class SqlBase(Store):

@@ -16,17 +16,10 @@ from bots_server.errors import AlreadyExists
 from bots_server.store import pieces
 from bots_server.store import schema as t
 from bots_server.store.records import DEFAULT_TENANT, ExperimentCopy, ExperimentRow, TenantLimits, TenantUsage
-from bots_server.store.sql_base import SqlBase, _tenant_usage, _translate_errors
+from bots_server.store.sql_base import SqlBase, _tenant_usage, _translate_errors, in_blocks
 from bots_server.store.sql_batches import _RETIREMENT_COLUMNS, _shares_json
 from bots_server.store.sql_rows import _EXPERIMENTS, _experiment_row
-from bots_server.store.sql_tasks import (
-    _TASK_COLUMNS,
-    _encode_features,
-    _insert_chunk,
-    _insert_key_block,
-    _new_version,
-    _read_keys,
-)
+from bots_server.store.sql_tasks import _TASK_COLUMNS, _insert_chunk, _insert_key_block, _new_version, _read_keys
 
 
 class ExperimentsSql(SqlBase):
@@ -69,7 +62,7 @@ class ExperimentsSql(SqlBase):
         n = copy.num_tasks
         # Encoded before the write begins, as in add_tasks: a write holds
         # every other writer of an SQLite database.
-        encoded = None if copy.features is None else _encode_features(copy.features, pace)
+        encoded = None if copy.features is None else in_blocks(json.dumps, copy.features, pace)
         try:
             with self._write(abandoned) as conn:
                 self._admit(conn, limits, new_experiment=True, tasks=n)

@@ -5,10 +5,9 @@ checkpoints, and the compaction of old events."""
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import json
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,7 +19,7 @@ from bots_server.store import pieces
 from bots_server.store import schema as t
 from bots_server.store.errors import StaleStep
 from bots_server.store.records import CheckpointRow, Compacted, LoadedRows, Lookup, StepEvent, TenantLimits
-from bots_server.store.sql_base import ROWS_PER_PACE, SqlBase, _translate_errors
+from bots_server.store.sql_base import SqlBase, _translate_errors, in_blocks
 from bots_server.store.sql_batches import _find_batch, _read_open_batches, _read_pool_events
 from bots_server.store.sql_rows import _EXPERIMENTS, _experiment_row, _utc
 
@@ -48,12 +47,12 @@ class TasksSql(SqlBase):
         # The features are encoded before the write begins: on SQLite a write
         # holds every other writer of the database (other tenants' reports
         # too), and encoding them takes longer than storing them.
-        encoded = _encode_features(features, pace)
+        encoded = in_blocks(json.dumps, features, pace)
         # Each row's tuple is made as it is written, not a million of them at once
         # (see core/domain.NewTasks).
         rows = (
             (experiment_id, i, key, f, g or None)
-            for i, key, f, g in zip(itertools.count(expected_num_tasks), keys, encoded, groups, strict=False)
+            for i, (key, f, g) in enumerate(zip(keys, encoded, groups, strict=True), start=expected_num_tasks)
         )
         try:
             with self._write(abandoned) as conn:
@@ -165,12 +164,7 @@ class TasksSql(SqlBase):
         )
         with self._read() as conn:
             encoded = conn.execute(query).scalars().all()
-        features = []
-        for start in range(0, len(encoded), ROWS_PER_PACE):
-            if pace is not None and start:
-                pace()
-            features += [json.loads(f) for f in encoded[start : start + ROWS_PER_PACE]]
-        return features
+        return in_blocks(json.loads, encoded, pace)
 
     def _read_checkpoint(self, conn: Connection, experiment_id: int) -> CheckpointRow:
         row = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
@@ -350,16 +344,6 @@ def _insert_chunk(conn: Connection, experiment_id: int, version: int, seq: int, 
     conn.execute(
         t.checkpoint_chunks.insert().values(experiment_id=experiment_id, version=version, seq=seq, step=step, data=data)
     )
-
-
-def _encode_features(features: Sequence[Mapping[str, float]], pace: Callable[[], None] | None) -> list[str]:
-    """Each task's features as JSON text; `pace` between blocks."""
-    encoded: list[str] = []
-    for start in range(0, len(features), ROWS_PER_PACE):
-        if pace is not None and start:
-            pace()
-        encoded += [json.dumps(f) for f in features[start : start + ROWS_PER_PACE]]
-    return encoded
 
 
 def _insert_key_block(
