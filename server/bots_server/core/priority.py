@@ -10,8 +10,8 @@ team's step latency.
 Bulk work therefore runs in blocks of a few milliseconds and, between
 blocks, gives way while any select or report is in flight on this process.
 So that bulk work is never starved by a steady stream of trainer calls, it
-waits at most `(1 - share) / share` times the time its last block took:
-it keeps at least `share` of the time it is given (a fifth by default).
+waits at most `(1 - share) / share` times as long as it ran since its last
+wait: it keeps at least `share` of the time (a fifth by default).
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ class Pacer:
 
     def pace(self) -> None:
         """Wait until no trainer call has been in flight for `linger_s`, or
-        for `patience` times as long as the last block took, whichever is
-        first."""
+        for `patience` times as long as this call ran since its last wait,
+        whichever is first."""
         p = self.priority
         start = now = time.monotonic()
         deadline = now + (now - self._since) * p.patience
