@@ -144,7 +144,7 @@ class Experiments:
             data.beta,
             data.features,
             data.capability,
-            pacer.pace,
+            pacer,
         )
         for what, values in (("retired flags", data.retired), ("groups", data.groups)):
             if values and len(values) != len(data.keys):

@@ -41,7 +41,7 @@ class Pool:
         async with rt.locked(name):
             live, _ = await rt.ready(name)
             pacer = rt.priority.pacer()
-            await rt.run(validation.tasks, live.config, tasks, pacer.pace)
+            await rt.run(validation.tasks, live.config, tasks, pacer)
             keys, features, groups = tasks.keys, tasks.features, tasks.groups or [""] * len(tasks)
             for _ in range(MAX_WRITE_ATTEMPTS):
                 taken = [keys[j] for j in np.flatnonzero(await rt.run(live.keys.lookup, keys) >= 0).tolist()]

@@ -70,6 +70,24 @@ class Priority:
     def pacer(self) -> Pacer:
         return Pacer(self)
 
+    def give_way(self, ran_s: float) -> None:
+        """Wait until no trainer call has been in flight for `linger_s`, or
+        for `patience` times `ran_s`, whichever is first."""
+        start = now = time.monotonic()
+        deadline = now + ran_s * self.patience
+        with self._changed:
+            while now < deadline:
+                if self._foreground:
+                    self._changed.wait(deadline - now)
+                else:
+                    quiet = now - self._last_end
+                    if quiet >= self.linger_s:
+                        break
+                    self._changed.wait(min(self.linger_s - quiet, deadline - now))
+                now = time.monotonic()
+        if now > start:
+            self.on_yield(now - start)
+
 
 class Pacer:
     """One bulk call's pauses: `pace()` is called between its blocks, from
@@ -80,24 +98,9 @@ class Pacer:
         self._since = time.monotonic()
 
     def pace(self) -> None:
-        """Wait until no trainer call has been in flight for `linger_s`, or
-        for `patience` times as long as this call ran since its last wait,
-        whichever is first."""
-        p = self.priority
-        start = now = time.monotonic()
-        deadline = now + (now - self._since) * p.patience
-        with p._changed:
-            while now < deadline:
-                if p._foreground:
-                    p._changed.wait(deadline - now)
-                else:
-                    quiet = now - p._last_end
-                    if quiet >= p.linger_s:
-                        break
-                    p._changed.wait(min(p.linger_s - quiet, deadline - now))
-                now = time.monotonic()
-        if now > start:
-            p.on_yield(now - start)
+        """Give way (Priority.give_way) for at most `patience` times as long
+        as this call ran since its last wait."""
+        self.priority.give_way(time.monotonic() - self._since)
         self._since = time.monotonic()
 
     def paced(self, items: Iterable[T], size: int = BLOCK) -> Iterator[T]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from bots_server.core import limits
 from bots_server.core.domain import ExperimentConfig, NewTasks, Outcome, config_settings
 from bots_server.core.limits import shown
-from bots_server.core.priority import BLOCK
+from bots_server.core.priority import Pacer
 from bots_server.errors import InvalidArgument
 
 
@@ -64,18 +64,16 @@ def config(cfg: ExperimentConfig) -> None:
             )
 
 
-def tasks(cfg: ExperimentConfig, new: NewTasks, pace: Callable[[], None] | None = None) -> None:
+def tasks(cfg: ExperimentConfig, new: NewTasks, pacer: Pacer | None = None) -> None:
     """Keys non-empty, short and distinct; features bounded and finite;
-    reference pass rates in [0, 1]. `pace` is called between blocks of
+    reference pass rates in [0, 1]. `pacer` gives way between blocks of
     tasks (see core/priority.py)."""
     if not new.keys:
         raise InvalidArgument("no tasks given")
     seen: set[str] = set()
     references = {cfg.weak_feature, cfg.strong_feature} - {""}
     rows = zip(new.keys, new.features, new.groups or itertools.repeat(""), strict=False)  # one length: NewTasks
-    for position, (key, features, group) in enumerate(rows):
-        if pace is not None and position and position % BLOCK == 0:
-            pace()
+    for position, (key, features, group) in enumerate(rows if pacer is None else pacer.paced(rows)):
         if not key:
             raise InvalidArgument(f"task #{position} has an empty key")
         text("task key", key, limits.MAX_KEY_LENGTH)
@@ -180,7 +178,7 @@ def snapshot(
     beta: Sequence[float],
     features: list[dict[str, float]],
     capability: float | None,
-    pace: Callable[[], None] | None = None,
+    pacer: Pacer | None = None,
 ) -> None:
     """A snapshot to restore: one entry per task everywhere, a valid posterior."""
     if step > limits.MAX_STEP:
@@ -192,7 +190,7 @@ def snapshot(
             f"{len(beta)} beta, {len(features)} features"
         )
     if keys:
-        tasks(cfg, NewTasks(keys, features), pace)
+        tasks(cfg, NewTasks(keys, features), pacer)
     for name, values in (("alpha", alpha), ("beta", beta)):
         for key, value in zip(keys, values, strict=True):
             if not (math.isfinite(value) and value > 0):
