@@ -16,6 +16,7 @@ from bots_server.core.domain import NewTasks
 from bots_server.core.observer import SelectorObserver
 from bots_server.core.priority import BLOCK, Pacer, Priority
 from bots_server.service import convert
+from bots_server.store.sqlite import SqliteStore
 from bots_server.testing.inprocess import InProcessService
 
 
@@ -93,9 +94,8 @@ def test_every_stage_of_uploads_restores_and_snapshots_gives_way(
     fresh_db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each stage of the bulk calls paces between its blocks: converting the
-    messages, validating, encoding, and on PostgreSQL writing (SQLite's write
-    holds every writer, so it runs through); a snapshot's decoding and
-    chunks."""
+    messages, validating, encoding, and writing (on SQLite, between the
+    transactions of the rows' parts); a snapshot's decoding and chunks."""
     stages: collections.Counter[str] = collections.Counter()
     pace = Pacer.pace
 
@@ -105,6 +105,7 @@ def test_every_stage_of_uploads_restores_and_snapshots_gives_way(
         pace(self)
 
     monkeypatch.setattr(Pacer, "pace", counted)
+    monkeypatch.setattr(SqliteStore, "_task_rows_per_write", BLOCK)
     n = 3 * BLOCK
     with InProcessService(fresh_db_url) as service:
         with bots_client.Client("", channel=service.channel(), retry_timeout=0) as client:
@@ -117,11 +118,10 @@ def test_every_stage_of_uploads_restores_and_snapshots_gives_way(
             stages.clear()
             client.restore_experiment("copy", snap)
             restored = dict(stages)
-    written = {"write": 2} if fresh_db_url.startswith("postgresql") else {}
-    # Blocks of BLOCK: a pace before the second and the third.
-    assert uploaded == {"convert": 2, "validate": 2, "encode": 2, **written}
+    # Blocks of BLOCK (SQLite's parts too): a pace before the second and the third.
+    assert uploaded == {"convert": 2, "validate": 2, "encode": 2, "write": 2}
     assert snapshotted == {"decode": 2, "chunks": 2, "fill": 2}
-    assert restored == {"convert": 2, "validate": 2, "encode": 2, **written}
+    assert restored == {"convert": 2, "validate": 2, "encode": 2, "write": 2}
 
 
 # The stage of a pace: the innermost of these frames on its thread's stack.
@@ -132,6 +132,8 @@ STAGES = {
     "add_tasks": "encode",  # the store's, before its write
     "create_copy": "encode",
     "_bulk_insert": "write",
+    "_staged_task_rows": "write",  # SQLite's parts
+    "_staged_copy_rows": "write",
     "load_features": "decode",
     "_chunk_bounds": "chunks",
     "_fill": "fill",

@@ -88,7 +88,8 @@ class Experiments:
             if live is not None:
                 self.checkpoints.cancel(live)
             try:
-                await rt.db_write_unless_cancelled(rt.store.delete_experiment, row.id)
+                delete = functools.partial(rt.store.delete_experiment, pace=rt.priority.pacer().pace)
+                await rt.db_write_unless_cancelled(delete, row.id)
             finally:  # deleted, or maybe (a cancel during the commit): the next call reads the store
                 rt.forget(name)
         audit.experiments.info("experiment deleted", extra={"experiment": name})

@@ -193,6 +193,7 @@ class BotsServer:
     async def start(self) -> None:
         if self.settings.migrate:
             await asyncio.to_thread(self.store.migrate)
+        await asyncio.to_thread(self.store.remove_unfinished_writes)
         self._start_metrics()
         await self.server.start()
         if self.health_server is not None:

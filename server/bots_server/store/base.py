@@ -5,7 +5,11 @@ core depends on this class alone.
 Common to every method:
 
 - Each read or write of the database is one transaction: it commits
-  entirely or changes nothing.
+  entirely or changes nothing. (Where every write holds all others, SQLite,
+  add_tasks, create_copy and delete_experiment write or remove the tasks
+  rows in short transactions of their own, which no read sees before the
+  one transaction that adds the tasks commits, or after the one that
+  deletes the experiment: see sql_task_rows.py.)
 - It raises `bots_server.errors.Unavailable` when the database cannot be
   reached, hangs past its timeouts, or is busy (a locked SQLite file, a full
   connection pool). The call may be retried.
@@ -76,6 +80,12 @@ class Store(abc.ABC):
         code's heads. Reads only."""
 
     @abc.abstractmethod
+    def remove_unfinished_writes(self) -> None:
+        """Remove the invisible rows that writes a crash interrupted left
+        behind (see the module docstring). Called once the schema is current,
+        before serving; by the only server of the database."""
+
+    @abc.abstractmethod
     def ping(self) -> None:
         """Return if the database answers; Unavailable otherwise."""
 
@@ -143,10 +153,12 @@ class Store(abc.ABC):
         """How many experiments `tenant` has and their tasks in all."""
 
     @abc.abstractmethod
-    def delete_experiment(self, experiment_id: int, abandoned: Callable[[], bool] | None = None) -> bool:
+    def delete_experiment(
+        self, experiment_id: int, abandoned: Callable[[], bool] | None = None, pace: Callable[[], None] | None = None
+    ) -> bool:
         """Delete the experiment and every row of it (tasks, events,
-        checkpoint, batches). False if it did not exist. `abandoned`: see
-        add_tasks."""
+        checkpoint, batches). False if it did not exist. `abandoned` and
+        `pace`: see add_tasks."""
 
     @abc.abstractmethod
     def count_open_batches(self, experiment_id: int, now: dt.datetime) -> int:

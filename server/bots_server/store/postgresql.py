@@ -67,7 +67,7 @@ class PostgresStore(SqlStore):
         return self.engine.connect()
 
     @contextmanager
-    def _chunk_write(self) -> Iterator[Connection]:
+    def _unsynced_write(self) -> Iterator[Connection]:
         # An asynchronous commit: the checkpoint's final commit waits for the
         # WAL to be flushed up to it, these records included.
         with self._write() as conn:

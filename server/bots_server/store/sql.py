@@ -1,6 +1,7 @@
 """The store in SQLAlchemy Core, shared by the SQLite and PostgreSQL dialects.
 
-Every method is one transaction. What differs between the two databases goes
+Every method is one transaction (but for SQLite's uploads and deletes in
+parts, sql_task_rows.py). What differs between the two databases goes
 through the hook methods at the end of SqlBase (sql_base.py), implemented in
 sqlite.py and postgresql.py; nothing here depends on either.
 
@@ -14,6 +15,8 @@ translation, schema, tenant admission, dialect hooks):
 - sql_experiments.py: experiments (create, copy, find, list, delete, usage);
 - sql_tasks.py: tasks and the posterior state (load, features, checkpoints,
   step events, compaction);
+- sql_task_rows.py: tasks rows written and removed in parts, where a write
+  holds every other writer (SQLite);
 - sql_batches.py: batches and reports, retirements and group shares;
 - sql_statements.py: the statements built once, which dialects reuse;
 - sql_rows.py: the row conversions these share.

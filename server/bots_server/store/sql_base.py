@@ -116,18 +116,17 @@ class SqlBase(Store):
             if abandoned is not None and abandoned():
                 raise Abandoned()
 
-    def _chunk_write(self) -> AbstractContextManager[Connection]:
-        """A write transaction adding or removing checkpoint chunks. Its
-        commit need not be durable on its own: the later, durable commit that
-        makes new chunks current makes them durable too (the log is written
-        in order), and stale chunks lost in a crash are removed again; so a
-        dialect may skip the sync here."""
+    def _unsynced_write(self) -> AbstractContextManager[Connection]:
+        """A write transaction whose commit need not be durable on its own
+        (checkpoint chunks, tasks rows written in parts): the later, durable
+        commit that makes new rows current makes them durable too (the log
+        is written in order), and rows whose removal a crash lost are
+        removed again; so a dialect may skip the sync here."""
         return self._write()
 
-    def _settle_chunks(self) -> None:
-        """Called after a checkpoint's chunks are written, before they are
-        made current, holding no lock: work their writes left (SQLite: the
-        WAL's copy into the database file)."""
+    def _settle_unsynced(self) -> None:
+        """Called after unsynced writes, holding no lock: work they left
+        (SQLite: the WAL's copy into the database file)."""
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[Connection]:

@@ -16,13 +16,14 @@ from bots_server.errors import AlreadyExists
 from bots_server.store import pieces
 from bots_server.store import schema as t
 from bots_server.store.records import DEFAULT_TENANT, ExperimentCopy, ExperimentRow, TenantLimits, TenantUsage
-from bots_server.store.sql_base import SqlBase, _tenant_usage, _translate_errors, in_blocks
+from bots_server.store.sql_base import _tenant_usage, _translate_errors, in_blocks
 from bots_server.store.sql_batches import _RETIREMENT_COLUMNS, _shares_json
 from bots_server.store.sql_rows import _EXPERIMENTS, _experiment_row
-from bots_server.store.sql_tasks import _TASK_COLUMNS, _insert_chunk, _insert_key_block, _new_version, _read_keys
+from bots_server.store.sql_task_rows import TASK_COLUMNS, TaskRowsSql
+from bots_server.store.sql_tasks import _insert_chunk, _insert_key_block, _new_version, _read_keys
 
 
-class ExperimentsSql(SqlBase):
+class ExperimentsSql(TaskRowsSql):
     """The experiments rows, and all rows of a new copy."""
 
     @_translate_errors
@@ -39,8 +40,8 @@ class ExperimentsSql(SqlBase):
         try:
             with self._write(abandoned) as conn:
                 self._admit(conn, limits, new_experiment=True, tasks=0)
-                experiment_id = _insert_experiment(
-                    conn, name=name, tenant=tenant, step=0, num_tasks=0, create_time=now, config=_config_json(config)
+                experiment_id = self._insert_experiment(
+                    conn, None, name=name, tenant=tenant, step=0, num_tasks=0, create_time=now, config=_config_json(config)
                 )
                 conn.execute(
                     t.checkpoints.insert().values(experiment_id=experiment_id, step=0, num_tasks=0, create_time=now)
@@ -63,11 +64,38 @@ class ExperimentsSql(SqlBase):
         # Encoded before the write begins, as in add_tasks: a write holds
         # every other writer of an SQLite database.
         encoded = None if copy.features is None else in_blocks(json.dumps, copy.features, pace)
+
+        def insert_tasks(conn: Connection, experiment_id: int, start: int, stop: int) -> None:
+            if copy.source_id is not None:
+                source = t.tasks.c
+                conn.execute(
+                    t.tasks.insert().from_select(
+                        TASK_COLUMNS,
+                        sa.select(
+                            sa.literal(experiment_id), source.task_idx, source.key, source.features, source.group_name
+                        ).where(
+                            source.experiment_id == copy.source_id, source.task_idx >= start, source.task_idx < stop
+                        ),
+                    )
+                )
+            else:
+                assert copy.keys is not None and encoded is not None
+                keys, groups = copy.keys, copy.groups
+                rows = (
+                    (experiment_id, i, keys[i], encoded[i], groups[i] or None if groups else None)
+                    for i in range(start, stop)
+                )
+                self._bulk_insert(conn, t.tasks, TASK_COLUMNS, rows, pace)
+
         try:
-            with self._write(abandoned) as conn:
+            with (
+                self._staged_copy_rows(insert_tasks, n, abandoned, pace) as staged_id,
+                self._write(abandoned) as conn,
+            ):
                 self._admit(conn, limits, new_experiment=True, tasks=n)
-                experiment_id = _insert_experiment(
+                experiment_id = self._insert_experiment(
                     conn,
+                    staged_id,
                     name=copy.name,
                     tenant=copy.tenant,
                     step=copy.step,
@@ -77,28 +105,8 @@ class ExperimentsSql(SqlBase):
                     forked_at_step=copy.step,
                     config=_config_json(copy.config),
                 )
-                if copy.source_id is not None:
-                    conn.execute(
-                        t.tasks.insert().from_select(
-                            ["experiment_id", "task_idx", "key", "features", "group_name"],
-                            sa.select(
-                                sa.literal(experiment_id),
-                                t.tasks.c.task_idx,
-                                t.tasks.c.key,
-                                t.tasks.c.features,
-                                t.tasks.c.group_name,
-                            )
-                            .where(t.tasks.c.experiment_id == copy.source_id, t.tasks.c.task_idx < n),
-                        )
-                    )
-                else:
-                    assert copy.keys is not None and encoded is not None
-                    groups = copy.groups or [""] * len(copy.keys)
-                    rows = (
-                        (experiment_id, i, k, f, g or None)
-                        for i, (k, f, g) in enumerate(zip(copy.keys, encoded, groups, strict=True))
-                    )
-                    self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows, pace)
+                if staged_id is None:
+                    insert_tasks(conn, experiment_id, 0, n)
                 self._copy_key_blocks(conn, experiment_id, copy)
                 version, size = _new_version(), pieces.chunk_bytes(copy.state)
                 conn.execute(
@@ -167,22 +175,28 @@ class ExperimentsSql(SqlBase):
             return _tenant_usage(conn, tenant)
 
     @_translate_errors
-    def delete_experiment(self, experiment_id: int, abandoned: Callable[[], bool] | None = None) -> bool:
-        with self._write(abandoned) as conn:
+    def delete_experiment(
+        self, experiment_id: int, abandoned: Callable[[], bool] | None = None, pace: Callable[[], None] | None = None
+    ) -> bool:
+        with self._deleting_task_rows(experiment_id, pace) as with_tasks, self._write(abandoned) as conn:
             tables: tuple[sa.Table, ...] = (t.group_shares, t.retirements, t.batch_task_lists, t.batches)
-            tables += (t.step_outcomes, t.steps)
-            tables += (t.checkpoint_chunks, t.checkpoints, t.task_key_blocks, t.tasks)
+            tables += (t.step_outcomes, t.steps, t.checkpoint_chunks, t.checkpoints, t.task_key_blocks)
+            tables += (t.tasks,) if with_tasks else ()
             for table in tables:
                 conn.execute(table.delete().where(table.c.experiment_id == experiment_id))
             deleted = conn.execute(t.experiments.delete().where(t.experiments.c.id == experiment_id)).rowcount
         return deleted == 1
 
-
-def _insert_experiment(conn: Connection, **values: Any) -> int:
-    """Insert an experiment row; its new id."""
-    key = conn.execute(t.experiments.insert().values(**values)).inserted_primary_key
-    assert key is not None  # None only for statements that insert no single row
-    return int(key[0])
+    def _insert_experiment(self, conn: Connection, experiment_id: int | None, **values: Any) -> int:
+        """Insert an experiment row, with `experiment_id` (its tasks rows were
+        staged under it) or a new one; its id."""
+        if experiment_id is None:
+            experiment_id = self._new_experiment_id(conn)
+        if experiment_id is not None:
+            values["id"] = experiment_id
+        key = conn.execute(t.experiments.insert().values(**values)).inserted_primary_key
+        assert key is not None  # None only for statements that insert no single row
+        return int(key[0])
 
 
 def _config_json(config: Mapping[str, Any]) -> str:

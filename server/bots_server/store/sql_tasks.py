@@ -19,12 +19,13 @@ from bots_server.store import pieces
 from bots_server.store import schema as t
 from bots_server.store.errors import StaleStep
 from bots_server.store.records import CheckpointRow, Compacted, LoadedRows, Lookup, StepEvent, TenantLimits
-from bots_server.store.sql_base import SqlBase, _translate_errors, in_blocks
+from bots_server.store.sql_base import _translate_errors, in_blocks
 from bots_server.store.sql_batches import _find_batch, _read_open_batches, _read_pool_events
 from bots_server.store.sql_rows import _EXPERIMENTS, _experiment_row, _utc
+from bots_server.store.sql_task_rows import TASK_COLUMNS, TaskRowsSql
 
 
-class TasksSql(SqlBase):
+class TasksSql(TaskRowsSql):
     """The tasks and task_key_blocks rows, the checkpoints and
     checkpoint_chunks rows, and the reads and compaction of the steps and
     step_outcomes rows."""
@@ -55,7 +56,10 @@ class TasksSql(SqlBase):
             for i, (key, f, g) in enumerate(zip(keys, encoded, groups, strict=True), start=expected_num_tasks)
         )
         try:
-            with self._write(abandoned) as conn:
+            with (
+                self._staged_task_rows(experiment_id, expected_num_tasks, rows, abandoned, pace) as rows_left,
+                self._write(abandoned) as conn,
+            ):
                 self._admit(conn, limits, new_experiment=False, tasks=len(keys))
                 updated = conn.execute(
                     t.experiments.update()
@@ -64,7 +68,7 @@ class TasksSql(SqlBase):
                 ).rowcount
                 if updated != 1:
                     raise StaleStep()
-                self._bulk_insert(conn, t.tasks, _TASK_COLUMNS, rows, pace)
+                self._bulk_insert(conn, t.tasks, TASK_COLUMNS, rows_left, pace)
                 _insert_key_block(conn, experiment_id, expected_num_tasks, keys, groups)
         except exc.IntegrityError as e:
             existing = self._existing_keys(experiment_id, keys, limit=5)
@@ -253,9 +257,9 @@ class TasksSql(SqlBase):
             return False
         version, size = _new_version(), pieces.chunk_bytes(state)
         for seq, data in enumerate(pieces.chunks(state, size)):
-            with self._chunk_write() as conn:
+            with self._unsynced_write() as conn:
                 _insert_chunk(conn, experiment_id, version, seq, step, data)
-        self._settle_chunks()
+        self._settle_unsynced()
         with self._write() as conn:
             # Compare-and-set on the step: of two writers (replicas) one wins.
             updated = conn.execute(
@@ -285,7 +289,7 @@ class TasksSql(SqlBase):
             ).all()
         for start in range(0, len(stale), _STALE_CHUNKS_PER_TRANSACTION):
             group = stale[start : start + _STALE_CHUNKS_PER_TRANSACTION]
-            with self._chunk_write() as conn:  # need not be durable: lost, they are removed next time
+            with self._unsynced_write() as conn:  # need not be durable: lost, they are removed next time
                 for version, seq in group:
                     conn.execute(
                         c.delete().where(c.c.experiment_id == experiment_id, c.c.version == version, c.c.seq == seq)
@@ -326,8 +330,6 @@ def _read_keys(conn: Connection, experiment_id: int, start: int, stop: int) -> t
         raise RuntimeError(f"experiment {experiment_id}: the keys of tasks {position}..{stop - 1} are missing")
     return keys, groups
 
-
-_TASK_COLUMNS = ("experiment_id", "task_idx", "key", "features", "group_name")
 
 # Deleting a chunk frees its pages: cheap, but a transaction each would cost
 # a commit (an fsync on SQLite) each.

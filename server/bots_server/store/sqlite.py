@@ -27,6 +27,11 @@ class SqliteStore(SqlStore):
     reaches it (a hard link, a symlink, a relative path), fails with
     DatabaseInUse instead of two writers caching diverging state."""
 
+    # A write holds every other writer of the file: an upload's or a delete's
+    # tasks rows go in transactions of their own (sql_task_rows.py), each
+    # a millisecond or two, which other tenants' reports go between.
+    _task_rows_per_write = 250
+
     def __init__(
         self,
         url: str | URL,
@@ -65,12 +70,12 @@ class SqliteStore(SqlStore):
             yield conn.execution_options(write=True)  # BEGIN IMMEDIATE, see _create_engine
 
     @contextmanager
-    def _chunk_write(self) -> Iterator[Connection]:
+    def _unsynced_write(self) -> Iterator[Connection]:
         # synchronous=NORMAL: the commit appends to the WAL without an fsync;
-        # the checkpoint's final (FULL) commit syncs the WAL, these frames
-        # included. wal_autocheckpoint=0: the commit does not also copy the
+        # the final (FULL) commit that makes the rows current syncs the WAL,
+        # these frames included. wal_autocheckpoint=0: the commit does not also copy the
         # WAL into the database file while this process's writers wait
-        # (_settle_chunks does, without holding them up). secure_delete=FAST:
+        # (_settle_unsynced does, without holding them up). secure_delete=FAST:
         # removing an old chunk does not overwrite its megabyte with zeros
         # (builds that turn secure_delete on by default do; checkpoint floats
         # need no erasing). Set outside a transaction (SQLite refuses the
@@ -94,8 +99,8 @@ class SqliteStore(SqlStore):
                     conn.invalidate()
                     raise
 
-    def _settle_chunks(self) -> None:
-        # A passive WAL checkpoint: copies the chunks' pages into the
+    def _settle_unsynced(self) -> None:
+        # A passive WAL checkpoint: copies the unsynced writes' pages into the
         # database file while other writers go on (it takes no write lock).
         with self.engine.connect() as conn:
             raw: Any = conn.connection.driver_connection
