@@ -1,16 +1,19 @@
-"""What a checkpoint costs the writes that run meanwhile, in-process.
+"""What a checkpoint, an upload or a delete costs the writes that run
+meanwhile, in-process.
 
     .venv/bin/python -m bench.checkpoint_contention                  # SQLite, 1M tasks, 3 repeats
     .venv/bin/python -m bench.checkpoint_contention --backends sqlite,postgresql
+    .venv/bin/python -m bench.checkpoint_contention --during upload,delete --tasks 250000
 
 A thread commits a small write transaction (an UPDATE of the experiment row,
 durable, as a report's commit is) every 5 ms while the store writes one
 checkpoint of `--tasks` tasks (alpha, beta, weak, strong: 32 bytes per
-task). Reported per repeat: the checkpoint's duration and the latency of the
-commits made during it (p50, max) against those made before it. On SQLite a
-commit that needs the database's single write lock while a checkpoint holds
-it waits; the server's own write path (SelectBatch, ReportOutcomes) commits
-the same way.
+task), or adds `--tasks` tasks to another experiment, or deletes that
+experiment with its tasks (`--during`). Reported per repeat: the write's
+duration and the latency of the commits made during it (p50, p99, max)
+against those made before it. On SQLite a commit that needs the database's
+single write lock while the write holds it waits; the server's own write
+path (SelectBatch, ReportOutcomes) commits the same way.
 
 To compare two versions of the store, run it with
 PYTHONPATH=<other checkout>/server (the store calls used here exist in both).
@@ -49,7 +52,7 @@ def _commits(store: Any, experiment_id: int, latencies: list[float], stop: threa
         time.sleep(0.005)
 
 
-def run_once(url: str, tasks: int, repeats: int) -> list[dict[str, Any]]:
+def run_once(url: str, tasks: int, repeats: int, during: str = "checkpoint") -> list[dict[str, Any]]:
     from bots_server.store import checkpoint_blob, open_store
 
     store: Any = open_store(url)  # SqlStore: its _write is the transaction every write path uses
@@ -61,8 +64,13 @@ def run_once(url: str, tasks: int, repeats: int) -> list[dict[str, Any]]:
         rng = np.random.default_rng(0)
         arrays = {name: rng.random(tasks) for name in ("alpha", "beta", "weak", "strong")}
         blob = checkpoint_blob.encode(tasks, arrays, {"capability": 0.5})
+        keys, features = [f"t-{i:07d}" for i in range(tasks)], [{"weak": 0.5, "strong": 0.5}] * tasks
+        other = 0
         runs = []
         for step in range(1, repeats + 1):
+            if during == "delete":  # the experiment to delete, made before the commits start
+                other = store.create_experiment(f"other-{step}", {}, now).id
+                store.add_tasks(other, 0, keys, features)
             latencies: list[float] = []
             stop = threading.Event()
 
@@ -72,15 +80,21 @@ def run_once(url: str, tasks: int, repeats: int) -> list[dict[str, Any]]:
             before = list(latencies)
             latencies.clear()
             started = time.perf_counter()
-            store.write_checkpoint(row.id, step, tasks, blob, dt.datetime.now(dt.UTC))
+            if during == "checkpoint":
+                store.write_checkpoint(row.id, step, tasks, blob, dt.datetime.now(dt.UTC))
+            elif during == "upload":
+                store.add_tasks(store.create_experiment(f"other-{step}", {}, now).id, 0, keys, features)
+            else:
+                store.delete_experiment(other)
             seconds = time.perf_counter() - started
             stop.set()
             thread.join()
-            during, earlier = common.percentiles(latencies), common.percentiles(before)
-            runs.append({"checkpoint_s": seconds, "commits_during": during, "commits_before": earlier})
+            meanwhile, earlier = common.percentiles(latencies), common.percentiles(before)
+            runs.append({"checkpoint_s": seconds, "commits_during": meanwhile, "commits_before": earlier})
             log(
-                f"    {url.split(':')[0]} {tasks:,}: checkpoint {seconds:.2f} s; {during['n']} commits during it, "
-                f"p50 {during['p50']:.1f} ms, max {during['max']:.1f} ms; before it p50 {earlier['p50']:.1f} ms"
+                f"    {url.split(':')[0]} {tasks:,}: {during} {seconds:.2f} s; {meanwhile['n']} commits during it, "
+                f"p50 {meanwhile['p50']:.1f} ms, p99 {meanwhile['p99']:.1f} ms, max {meanwhile['max']:.1f} ms; "
+                f"before it p50 {earlier['p50']:.1f} ms"
             )
         return runs
     finally:
@@ -89,8 +103,9 @@ def run_once(url: str, tasks: int, repeats: int) -> list[dict[str, Any]]:
 
 # (label, one repeat's values) for the before/after comparison.
 METRICS: list[tuple[str, Any]] = [
-    ("checkpoint, s", lambda r: [r["checkpoint_s"]]),
+    ("the write, s", lambda r: [r["checkpoint_s"]]),
     ("commits during it, p50 ms", lambda r: [r["commits_during"]["p50"]]),
+    ("commits during it, p99 ms", lambda r: [r["commits_during"]["p99"]]),
     ("commits during it, max ms", lambda r: [r["commits_during"]["max"]]),
     ("commits before it, p50 ms", lambda r: [r["commits_before"]["p50"]]),
 ]
@@ -114,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="sqlite")
     parser.add_argument("--tasks", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--during", default="checkpoint", help="comma-separated: checkpoint, upload, delete (default checkpoint)"
+    )
     parser.add_argument("--output", default=str(common.RESULTS / "checkpoint-contention.json"))
     parser.add_argument(
         "--compare",
@@ -130,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Machine: {common.machine_line(machine)}")
     results: dict[str, list[dict[str, Any]]] = {}
     for backend in args.backends.split(","):
-        with common.database(backend) as url:
-            results[backend] = run_once(url, args.tasks, args.repeats)
+        for during in args.during.split(","):
+            key = backend if during == "checkpoint" else f"{backend} {during}"
+            with common.database(backend) as url:
+                results[key] = run_once(url, args.tasks, args.repeats, during)
     common.write_json(
         Path(args.output),
         {"machine": machine, "pythonpath": os.environ.get("PYTHONPATH", ""), "args": vars(args), "runs": results},

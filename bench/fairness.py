@@ -2,7 +2,7 @@
 loop, measured with the load generator, alone and while team A floods the
 same server, on SQLite and PostgreSQL.
 
-    .venv/bin/python -m bench.fairness                      # both backends, uploads and snapshots, 3 rounds
+    .venv/bin/python -m bench.fairness                      # both backends, every flood, 3 rounds
     .venv/bin/python -m bench.fairness --backend sqlite --flood uploads --rounds 1 --seconds 10
 
 Each round runs `bench.loadgen` as team B (its own bearer token; a
@@ -12,7 +12,8 @@ one worker, SelectBatch -> ReportOutcomes, batch 64 of 10k tasks) for
 phases alternate and share the machine's state. The floods:
 
 - uploads:   4 of A's threads, each uploading 250k new tasks at a time, again and again;
-- snapshots: 4 of A's threads, each streaming Snapshot(include_features) of a 250k-task experiment, again and again.
+- snapshots: 4 of A's threads, each streaming Snapshot(include_features) of a 250k-task experiment, again and again;
+- restores:  4 of A's threads, each restoring a 250k-task snapshot as a new experiment (deleted after), again and again.
 
 Prints, per backend and flood, B's p50 and p99 (milliseconds) alone and
 under the flood, per round, and the ratio of the p99s (median and range
@@ -23,6 +24,7 @@ refused. The goal is a p99 under the flood within 2x of B's p99 alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -41,6 +43,7 @@ from bench import common
 
 FLOODERS = 4
 FLOOD_TASKS = 250_000
+FLOODS = ("uploads", "snapshots", "restores")
 TOKENS = {"a-writer": "team-a-writer-token-0123456789", "b-writer": "team-b-writer-token-0123456789"}
 
 
@@ -83,12 +86,23 @@ class Flood:
         self.delete = self.channel.unary_unary(service + "DeleteExperiment", serialize, None)
         self.add = self.channel.stream_unary(service + "AddTasks", None, None)  # bytes in, bytes out
         self.snapshot = self.channel.unary_stream(service + "Snapshot", serialize, None)
+        self.restore = self.channel.stream_unary(service + "RestoreExperiment", None, None)
         features = {"weak": 0.5, "strong": 0.5}
-        self.chunks = [
-            pb.AddTasksRequest(tasks=[pb.Task(key=f"t-{i:07d}", features=features) for i in range(s, s + 10_000)])
-            .SerializeToString()
-            for s in range(0, FLOOD_TASKS, 10_000)
-        ]
+        if kind == "restores":
+            n = 10_000
+            self.chunks = [
+                pb.RestoreExperimentRequest(
+                    keys=[f"t-{i:07d}" for i in range(s, s + n)], alpha=[1.0] * n, beta=[1.0] * n,
+                    features=[pb.Features(values=features)] * n,
+                ).SerializeToString()
+                for s in range(0, FLOOD_TASKS, n)
+            ]  # fmt: skip
+        else:
+            self.chunks = [
+                pb.AddTasksRequest(tasks=[pb.Task(key=f"t-{i:07d}", features=features) for i in range(s, s + 10_000)])
+                .SerializeToString()
+                for s in range(0, FLOOD_TASKS, 10_000)
+            ]
         if kind == "snapshots":
             self.create(pb.CreateExperimentRequest(name="flood-snapshots"), metadata=self.metadata)
             self.upload("flood-snapshots")
@@ -119,6 +133,14 @@ class Flood:
                         self.upload(name)
                     finally:
                         self.delete(pb.DeleteExperimentRequest(name=name), metadata=self.metadata, timeout=600)
+                elif self.kind == "restores":
+                    name = f"flood-{i}-{uuid.uuid4().hex[:8]}"
+                    head = pb.RestoreExperimentRequest(name=name, total_tasks=FLOOD_TASKS).SerializeToString()
+                    try:
+                        self.restore(iter([head, *self.chunks]), metadata=self.metadata, timeout=600)
+                    finally:
+                        with contextlib.suppress(grpc.RpcError):  # NOT_FOUND if the restore failed
+                            self.delete(pb.DeleteExperimentRequest(name=name), metadata=self.metadata, timeout=600)
                 else:
                     request = pb.SnapshotRequest(experiment="flood-snapshots", include_features=True)
                     for _ in self.snapshot(request, metadata=self.metadata, timeout=600):
@@ -190,7 +212,7 @@ def run_backend(args: argparse.Namespace, backend: str, floods: list[str]) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
-    parser.add_argument("--flood", choices=["uploads", "snapshots", "both"], default="both")
+    parser.add_argument("--flood", choices=[*FLOODS, "all"], default="all")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase (default 20)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument to bots-server serve")
@@ -200,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    floods = ["uploads", "snapshots"] if args.flood == "both" else [args.flood]
+    floods = list(FLOODS) if args.flood == "all" else [args.flood]
     info = common.machine_info()
     print(common.machine_line(info), flush=True)
     rows = [row for b in backends for row in run_backend(args, b, floods)]
