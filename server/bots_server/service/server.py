@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import errno
 import faulthandler
-import gc
 import logging
 import math
 import os
@@ -224,7 +223,6 @@ class BotsServer:
                 "auth": self.settings.auth,
                 "credentials_file": self.settings.credentials_file,
                 "db": self.store.display_url,
-                "frozen_objects": gc.get_freeze_count(),
             },
         )
 
@@ -332,12 +330,6 @@ async def serve(settings: ServerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # What the process made so far (modules, protobuf descriptors, the
-    # database engine) lives as long as it does. Frozen, the garbage
-    # collector's full collections skip it instead of scanning it each time,
-    # tens of milliseconds holding the interpreter and every caller with it.
-    gc.collect()
-    gc.freeze()
     await server.start()
     loop.add_signal_handler(signal.SIGHUP, server.reload_credentials)
     await stop.wait()
