@@ -2,7 +2,8 @@
 loop, measured with the load generator, alone and while team A floods the
 same server, on SQLite and PostgreSQL.
 
-    .venv/bin/python -m bench.fairness                      # both backends, every flood, 3 rounds
+    .venv/bin/python -m bench.fairness                      # both backends, uploads and snapshots, 3 rounds
+    .venv/bin/python -m bench.fairness --flood all          # ... and restores
     .venv/bin/python -m bench.fairness --backend sqlite --flood uploads --rounds 1 --seconds 10
 
 Each round runs `bench.loadgen` as team B (its own bearer token; a
@@ -212,7 +213,7 @@ def run_backend(args: argparse.Namespace, backend: str, floods: list[str]) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
-    parser.add_argument("--flood", choices=[*FLOODS, "all"], default="all")
+    parser.add_argument("--flood", choices=[*FLOODS, "both", "all"], default="both", help="both: uploads and snapshots")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase (default 20)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument to bots-server serve")
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    floods = list(FLOODS) if args.flood == "all" else [args.flood]
+    floods = {"all": list(FLOODS), "both": ["uploads", "snapshots"]}.get(args.flood, [args.flood])
     info = common.machine_info()
     print(common.machine_line(info), flush=True)
     rows = [row for b in backends for row in run_backend(args, b, floods)]
