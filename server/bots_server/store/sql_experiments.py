@@ -82,7 +82,7 @@ class ExperimentsSql(TaskRowsSql):
                 assert copy.keys is not None and encoded is not None
                 keys, groups = copy.keys, copy.groups
                 rows = (
-                    (experiment_id, i, keys[i], encoded[i], groups[i] or None if groups else None)
+                    (experiment_id, i, keys[i], encoded[i], (groups[i] if groups else "") or None)  # "": NULL
                     for i in range(start, stop)
                 )
                 self._bulk_insert(conn, t.tasks, TASK_COLUMNS, rows, pace)

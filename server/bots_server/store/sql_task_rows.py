@@ -23,6 +23,7 @@ lock). The dialect enables it with `_task_rows_per_write`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -79,18 +80,8 @@ class TaskRowsSql(SqlBase):
                 raise StaleStep()
             self._remove_task_rows(experiment_id, pace)  # what a crash left
             try:
-                it = iter(rows)
-                number = 0
-                while part := list(itertools.islice(it, size)):
-                    if number:
-                        if abandoned is not None and abandoned():
-                            raise Abandoned()
-                        if pace is not None:
-                            pace()
-                    with self._part(number) as conn:  # made durable by the commit that adds them
-                        self._bulk_insert(conn, t.tasks, TASK_COLUMNS, part)
-                    number += 1
-                self._settle_unsynced()
+                # Made durable by the commit that adds them.
+                self._write_parts(self._task_inserts(rows, size), abandoned, pace)
                 yield ()
             except BaseException:
                 self._remove_task_rows(experiment_id, pace)
@@ -121,14 +112,12 @@ class TaskRowsSql(SqlBase):
             insert_tasks(conn, experiment_id, 0, min(size, num_tasks))
         with self._experiment_held(experiment_id):
             try:
-                for number, start in enumerate(range(size, num_tasks, size), start=1):
-                    if abandoned is not None and abandoned():
-                        raise Abandoned()
-                    if pace is not None:
-                        pace()
-                    with self._part(number) as conn:  # made durable by the commit that creates the experiment
-                        insert_tasks(conn, experiment_id, start, min(start + size, num_tasks))
-                self._settle_unsynced()
+                # Made durable by the commit that creates the experiment.
+                copies = (
+                    lambda conn, start=start: insert_tasks(conn, experiment_id, start, min(start + size, num_tasks))
+                    for start in range(size, num_tasks, size)
+                )
+                self._write_parts(copies, abandoned, pace, first=1)
                 yield experiment_id
             except BaseException:
                 self._remove_task_rows(experiment_id, pace)
@@ -157,6 +146,32 @@ class TaskRowsSql(SqlBase):
             conn.execute(sa.select(sa.func.max(c))).scalar() or 0 for c in (t.experiments.c.id, t.tasks.c.experiment_id)
         )
         return max(highest) + 1
+
+    def _task_inserts(self, rows: Iterable[tuple[Any, ...]], size: int) -> Iterator[Callable[[sa.Connection], None]]:
+        """The inserts of `rows`, `size` at a time."""
+        it = iter(rows)
+        while part := list(itertools.islice(it, size)):
+            yield functools.partial(self._bulk_insert, table=t.tasks, columns=TASK_COLUMNS, rows=part)
+
+    def _write_parts(
+        self,
+        parts: Iterable[Callable[[sa.Connection], None]],
+        abandoned: Callable[[], bool] | None,
+        pace: Callable[[], None] | None,
+        first: int = 0,
+    ) -> None:
+        """Each part in a transaction of its own, unsynced (`first`: how many
+        the call wrote before). Before every part but a call's first, Abandoned
+        as soon as `abandoned` says so, then way given to trainer calls."""
+        for number, write in enumerate(parts, start=first):
+            if number:
+                if abandoned is not None and abandoned():
+                    raise Abandoned()
+                if pace is not None:
+                    pace()
+            with self._part(number) as conn:
+                write(conn)
+        self._settle_unsynced()
 
     @contextmanager
     def _part(self, number: int) -> Iterator[sa.Connection]:
@@ -196,18 +211,15 @@ class TaskRowsSql(SqlBase):
             ).scalar()
         if last is None or last < first:
             return
-        for number, start in enumerate(range(first, last + 1, self._task_rows_per_write)):
-            if number and pace is not None:
-                pace()
-            with self._part(number) as conn:  # lost in a crash, they are removed again
-                conn.execute(
-                    t.tasks.delete().where(
-                        tasks.experiment_id == experiment_id,
-                        tasks.task_idx >= start,
-                        tasks.task_idx < start + self._task_rows_per_write,
-                    )
-                )
-        self._settle_unsynced()
+        size = self._task_rows_per_write
+        deletes = (
+            t.tasks.delete().where(
+                tasks.experiment_id == experiment_id, tasks.task_idx >= start, tasks.task_idx < start + size
+            )
+            for start in range(first, last + 1, size)
+        )
+        # Lost in a crash, they are removed again.
+        self._write_parts((functools.partial(_execute, delete) for delete in deletes), None, pace)
 
     @_translate_errors
     def remove_unfinished_writes(self) -> None:
@@ -232,3 +244,7 @@ class TaskRowsSql(SqlBase):
 def _num_tasks(conn: sa.Connection, experiment_id: int) -> int | None:
     """The experiment's number of tasks; None if it does not exist."""
     return conn.execute(sa.select(t.experiments.c.num_tasks).where(t.experiments.c.id == experiment_id)).scalar()
+
+
+def _execute(statement: sa.Executable, conn: sa.Connection) -> None:
+    conn.execute(statement)
