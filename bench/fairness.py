@@ -16,6 +16,11 @@ phases alternate and share the machine's state. The floods:
 - snapshots: 4 of A's threads, each streaming Snapshot(include_features) of a 250k-task experiment, again and again;
 - restores:  4 of A's threads, each restoring a 250k-task snapshot as a new experiment (deleted after), again and again.
 
+With `--control`, each round has a third phase: A floods a second server,
+with a database of its own, on the same machine. B's p99 then shows what
+sharing the machine (its cores, and on PostgreSQL the database server)
+costs B, apart from sharing the service.
+
 Prints, per backend and flood, B's p50 and p99 (milliseconds) alone and
 under the flood, per round, and the ratio of the p99s (median and range
 over rounds), with B's errors and how many calls of A were served and
@@ -181,32 +186,44 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
 def run_backend(args: argparse.Namespace, backend: str, floods: list[str]) -> list[dict[str, Any]]:
     rows = []
     rounds, seconds = args.rounds, args.seconds
-    with common.database(backend) as url, tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         serve = ["--credentials-file", str(credentials(Path(tmp) / "credentials.toml", args.role)), *args.server_arg]
-        server = common.server_process(url, serve).start()
-        try:
-            for kind in floods:
-                flood = Flood(server.address, kind)
-                for r in range(rounds):
-                    alone = summary(trainer_b(server.address, seconds, Path(tmp) / "b.json"))
-                    flood.start()
-                    time.sleep(1.0)  # the flood's first calls are in flight
-                    loaded = summary(trainer_b(server.address, seconds, Path(tmp) / "b.json"))
-                    flood.halt()
-                    row = {"backend": backend, "flood": kind, "round": r, "alone": alone, "flooded": loaded,
-                           "ratio_p99": loaded["p99_ms"] / alone["p99_ms"], "a_served": flood.served,
-                           "a_refused": dict(flood.refused)}  # fmt: skip
-                    flood.served, flood.refused = 0, {}
-                    rows.append(row)
-                    print(
-                        f"{backend:10s} {kind:9s} round {r}: B alone p50 {alone['p50_ms']:.1f} p99 {alone['p99_ms']:.1f} "
-                        f"({alone['calls']} calls, {alone['errors']} errors); flooded p50 {loaded['p50_ms']:.1f} "
-                        f"p99 {loaded['p99_ms']:.1f} max {loaded['max_ms']:.0f} ({loaded['calls']} calls, {loaded['errors']} errors); "
-                        f"p99 ratio {row['ratio_p99']:.2f}; A served {row['a_served']} refused {row['a_refused']}",
-                        flush=True,
-                    )
-        finally:
-            server.stop()
+        servers = []
+        for _ in range(2 if args.control else 1):  # B's server, then the control's: a database of its own
+            servers.append(common.server_process(stack.enter_context(common.database(backend)), serve).start())
+            stack.callback(servers[-1].stop)
+        b_server = servers[0].address
+
+        def b_during(flood: Flood) -> dict[str, Any]:
+            flood.start()
+            time.sleep(1.0)  # the flood's first calls are in flight
+            loaded = summary(trainer_b(b_server, seconds, Path(tmp) / "b.json"))
+            flood.halt()
+            return loaded
+
+        for kind in floods:
+            flood = Flood(b_server, kind)
+            control = Flood(servers[1].address, kind) if args.control else None
+            for r in range(rounds):
+                alone = summary(trainer_b(b_server, seconds, Path(tmp) / "b.json"))
+                loaded = b_during(flood)
+                row = {"backend": backend, "flood": kind, "round": r, "alone": alone, "flooded": loaded,
+                       "ratio_p99": loaded["p99_ms"] / alone["p99_ms"], "a_served": flood.served,
+                       "a_refused": dict(flood.refused)}  # fmt: skip
+                flood.served, flood.refused = 0, {}
+                line = (
+                    f"{backend:10s} {kind:9s} round {r}: B alone p50 {alone['p50_ms']:.1f} p99 {alone['p99_ms']:.1f} "
+                    f"({alone['calls']} calls, {alone['errors']} errors); flooded p50 {loaded['p50_ms']:.1f} "
+                    f"p99 {loaded['p99_ms']:.1f} max {loaded['max_ms']:.0f} ({loaded['calls']} calls, {loaded['errors']} errors); "
+                    f"p99 ratio {row['ratio_p99']:.2f}; A served {row['a_served']} refused {row['a_refused']}"
+                )
+                if control is not None:
+                    beside = b_during(control)
+                    row |= {"control": beside, "ratio_p99_control": beside["p99_ms"] / alone["p99_ms"]}
+                    line += f"; A on the other server: B p99 {beside['p99_ms']:.1f}, ratio {row['ratio_p99_control']:.2f}"
+                    control.served, control.refused = 0, {}
+                rows.append(row)
+                print(line, flush=True)
     return rows
 
 
@@ -220,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--role", default="tenant-admin", help="both teams' role (admin: a server from before tenant-admin existed)"
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="a third phase each round: A floods a second server (its own database) on the same machine, "
+        "so that B's p99 then shows what sharing the machine's cores costs, apart from sharing the server",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
@@ -231,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         for kind in floods:
             ratios = [r["ratio_p99"] for r in rows if r["backend"] == backend and r["flood"] == kind]
             print(f"{backend:10s} {kind:9s} p99 flooded / alone: {common.median_range(ratios, 2)}")
+            if args.control:
+                beside = [r["ratio_p99_control"] for r in rows if r["backend"] == backend and r["flood"] == kind]
+                print(f"{backend:10s} {kind:9s} p99 with A on the other server / alone: {common.median_range(beside, 2)}")
     if args.json:
         common.write_json(Path(args.json), {"machine": info, "args": vars(args), "rounds": rows})
     return 0
