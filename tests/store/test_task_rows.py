@@ -133,8 +133,11 @@ def test_a_failed_upload_in_parts_leaves_no_rows(store: SqliteStore, failure: st
 def test_rows_a_crash_left_never_block_an_upload_and_are_removed_at_start(store: SqliteStore) -> None:
     e = store.create_experiment("e", {}, NOW).id
     store.add_tasks(e, 0, ["a"], [{}])
-    with store.engine.begin() as conn:  # what a crash in the middle of an upload and of a delete leaves
+    idle = store.create_experiment("idle", {}, NOW).id
+    store.add_tasks(idle, 0, ["b", "c"], [{}, {}])
+    with store.engine.begin() as conn:  # what a crash in the middle of uploads and of a delete leaves
         rows = [(e, i, f"k{i:05d}", "{}", None) for i in range(1, 3 * PART)]
+        rows += [(idle, i, f"late{i}", "{}", None) for i in range(2, PART + 2)]
         rows += [(e + 7, i, f"gone{i}", "{}", None) for i in range(2 * PART)]
         conn.execute(
             t.tasks.insert(),
@@ -148,7 +151,9 @@ def test_rows_a_crash_left_never_block_an_upload_and_are_removed_at_start(store:
     assert store.add_tasks(e, 1, keys("k", 5)[1:], [{}] * 4) == 5
     assert tasks_rows(store, e) == 5
     store.remove_unfinished_writes()
-    assert tasks_rows(store) == 5
+    assert tasks_rows(store) == 5 + 2
+    loaded = store.load(idle)
+    assert loaded is not None and loaded.keys == ["b", "c"]
 
 
 def test_a_delete_in_parts_lets_other_writers_in_and_its_id_is_not_reused_meanwhile(store: SqliteStore) -> None:

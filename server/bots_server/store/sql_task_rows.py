@@ -225,20 +225,33 @@ class TaskRowsSql(SqlBase):
     def remove_unfinished_writes(self) -> None:
         if self._task_rows_per_write is None or not self.schema_status().current:
             return
-        tasks = t.tasks.c
-        after = -1
-        while True:
-            with self._read() as conn:
-                # The next experiment id among the tasks rows: one index seek,
-                # however many rows each experiment has.
-                experiment_id = conn.execute(
-                    sa.select(sa.func.min(tasks.experiment_id)).where(tasks.experiment_id > after)
-                ).scalar()
-            if experiment_id is None:
-                return
-            after = experiment_id
+        with self._read() as conn:
+            unfinished = conn.execute(_UNFINISHED).scalars().all()
+        for experiment_id in unfinished:
             with self._experiment_held(experiment_id):
                 self._remove_task_rows(experiment_id, None)
+
+
+def _unfinished_writes() -> sa.Select[Any]:
+    """The ids of the experiments whose tasks rows include invisible ones: at
+    task_idx >= num_tasks, or of no experiment. One statement, so that the
+    start of a server with many experiments costs index seeks in the
+    database, not round trips: the ids come from a recursive walk of the
+    (experiment_id, task_idx) index (each the least above the one before),
+    never a scan of every row."""
+    tasks, experiments = t.tasks.c, t.experiments
+    walk = sa.select(sa.func.min(tasks.experiment_id).label("id")).cte("ids", recursive=True)
+    following = sa.select(sa.func.min(tasks.experiment_id)).where(tasks.experiment_id > walk.c.id).scalar_subquery()
+    ids = walk.union_all(sa.select(following).where(walk.c.id.is_not(None)))
+    invisible = sa.exists().where(tasks.experiment_id == ids.c.id, tasks.task_idx >= experiments.c.num_tasks)
+    return (
+        sa.select(ids.c.id)
+        .select_from(ids.outerjoin(experiments, experiments.c.id == ids.c.id))
+        .where(ids.c.id.is_not(None), sa.or_(experiments.c.id.is_(None), invisible))
+    )
+
+
+_UNFINISHED = _unfinished_writes()
 
 
 def _num_tasks(conn: sa.Connection, experiment_id: int) -> int | None:
