@@ -76,6 +76,7 @@ class PerfConfig:
     throughput_processes: tuple[int, ...] = ()
     # How a loop steps: "separate" SelectBatch + ReportOutcomes, "combined" ReportAndSelect; each level runs each, in turn.
     throughput_steps: tuple[str, ...] = ("separate", "combined")
+    throughput_clients: int = 1  # processes of the bench's own client loops
     breakdown_pool: int = 100_000
     breakdown_steps: int = 60
     history_batches: tuple[int, ...] = (0, 1000, 5000)
@@ -594,7 +595,7 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                         f"{level_result['steps_per_s']:.1f} steps/s, step p50 {level_result['cycle']['p50']:.1f} ms "
                         f"(p99 {level_result['cycle']['p99']:.1f}), server CPU {level_result['server_cpu_share']:.2f} "
                         f"cores (event loop threads {level_result['loop_thread_cpu_share']:.2f}), "
-                        f"client CPU {level_result['client_cpu_share']:.2f}"
+                        f"client CPU {level_result['client_cpu_share']:.2f} ({level_result['client_processes']} processes)"
                     )
         finally:
             for server in servers:
@@ -617,10 +618,85 @@ async def _throughput_level(
     own_connections: bool = False,
 ) -> dict[str, Any]:
     """One level: a loop per experiment, stepping it by `kind` (see
-    PerfConfig.throughput_steps) as fast as the server answers. With
-    `own_connections`, each loop has a connection of its own (as trainers in
-    their own processes have), so a server of several processes gets them
-    spread by the kernel; else the loops of one address share one."""
+    PerfConfig.throughput_steps) as fast as the server answers, for a window
+    of `cfg.throughput_seconds` after a warm-up. With `cfg.throughput_clients`
+    > 1 the loops run in that many client processes (so that the bench's own
+    Python is not what limits a server of many processes); their figures are
+    summed."""
+    clients = max(1, min(cfg.throughput_clients, len(names)))
+    # Spawned clients import numpy and grpc before their loops start.
+    start_up = 0.0 if clients == 1 else 5.0
+    measure_from = time.time() + start_up + min(2.0, cfg.throughput_seconds / 3)
+    measure_until = measure_from + cfg.throughput_seconds
+    shares = [(list(addresses), list(names[i::clients]), list(range(i, len(names), clients))) for i in range(clients)]
+    jobs = [(a, n, s, cfg, kind, own_connections, measure_from, measure_until) for a, n, s in shares]
+    if clients == 1:
+        only, server = await asyncio.gather(
+            _client_loops(*jobs[0]), _server_cpu_window(pids, measure_from, measure_until)
+        )
+        parts = [only]
+    else:
+        import multiprocessing
+
+        # Spawned, not forked: the parent has used gRPC, which does not survive a fork.
+        with multiprocessing.get_context("spawn").Pool(clients) as pool:
+            pending = pool.starmap_async(_client_process, jobs)
+            server = await _server_cpu_window(pids, measure_from, measure_until)
+            parts = pending.get(timeout=start_up + cfg.throughput_seconds + 300)
+    elapsed = measure_until - measure_from
+    cycles = [c for part in parts for c in part["cycles"]]
+    sel = [c for part in parts for c in part["select"]]
+    rep = [c for part in parts for c in part["report"]]
+    errors: collections.Counter[str] = collections.Counter()
+    for part in parts:
+        errors.update(part["errors"])
+    steps = sum(part["steps"] for part in parts)
+    return {
+        "experiments": len(names),
+        "step_kind": kind,
+        "client_processes": clients,
+        "steps": steps,
+        "steps_per_s": steps / elapsed,
+        "cycle": common.percentiles(cycles),
+        "select": common.percentiles(sel) if sel else None,
+        "report": common.percentiles(rep) if rep else None,
+        "errors": dict(errors),
+        "server_cpu_share": server["cpu"] / elapsed,
+        # Summed over the replicas: divide by their number for one loop's share of a core.
+        "loop_thread_cpu_share": server["loop"] / elapsed,
+        "client_cpu_share": sum(part["cpu"] for part in parts) / elapsed,
+    }
+
+
+async def _server_cpu_window(pids: Sequence[int], measure_from: float, measure_until: float) -> dict[str, float]:
+    """The servers' CPU seconds, and their event loop threads', between two wall-clock times."""
+    await asyncio.sleep(max(0.0, measure_from - time.time()))
+    cpu0, loop0 = sum(map(_cpu_seconds, pids)), sum(map(_loop_thread_cpu_seconds, pids))
+    await asyncio.sleep(max(0.0, measure_until - time.time()))
+    cpu1, loop1 = sum(map(_cpu_seconds, pids)), sum(map(_loop_thread_cpu_seconds, pids))
+    return {"cpu": cpu1 - cpu0, "loop": loop1 - loop0}
+
+
+def _client_process(*job: Any) -> dict[str, Any]:
+    """One client process's loops (see _throughput_level)."""
+    return asyncio.run(_client_loops(*job))
+
+
+async def _client_loops(
+    addresses: Sequence[str],
+    names: Sequence[str],
+    seeds: Sequence[int],
+    cfg: PerfConfig,
+    kind: str,
+    own_connections: bool,
+    measure_from: float,
+    measure_until: float,
+) -> dict[str, Any]:
+    """A loop per experiment until `measure_until`; the steps that end
+    after `measure_from` count. With `own_connections`, each loop has a
+    connection of its own (as trainers in their own processes have), so a
+    server of several processes gets them spread by the kernel; else the
+    loops of one address share one."""
     import grpc
 
     import bots_client
@@ -639,8 +715,9 @@ async def _throughput_level(
     cycles: list[float] = []
     steps = 0
     errors: collections.Counter[str] = collections.Counter()
-    measuring = False
-    stop = False
+
+    def measuring() -> bool:
+        return measure_from <= time.time() < measure_until
 
     async def separate(client: bots_client.AsyncClient, name: str, rng: np.random.Generator) -> None:
         t0 = time.perf_counter()
@@ -650,17 +727,16 @@ async def _throughput_level(
         t2 = time.perf_counter()
         await client.report_outcomes(name, batch.batch_id, outcomes)
         t3 = time.perf_counter()
-        if measuring:
+        if measuring():
             sel.append(t1 - t0)
             rep.append(t3 - t2)
             cycles.append((t1 - t0) + (t3 - t2))
 
-    async def worker(name: str, seed: int) -> None:
+    async def worker(name: str, seed: int, client: bots_client.AsyncClient) -> None:
         nonlocal steps
         rng = np.random.default_rng(seed)
-        client = clients[seed % len(clients)]
         batch = None
-        while not stop:
+        while time.time() < measure_until:
             try:
                 if kind == "separate":
                     await separate(client, name, rng)
@@ -671,43 +747,29 @@ async def _throughput_level(
                     outcomes = random_outcomes(batch.keys, rng)
                     t0 = time.perf_counter()
                     _, batch = await client.report_and_select(name, batch.batch_id, outcomes, cfg.throughput_batch)
-                    if measuring:
+                    if measuring():
                         cycles.append(time.perf_counter() - t0)
             except bots_client.BotsError as e:
                 errors[type(e).__name__] += 1
                 continue
-            if measuring:
+            if measuring():
                 steps += 1
 
-    workers = [asyncio.create_task(worker(name, i)) for i, name in enumerate(names)]
-    await asyncio.sleep(min(2.0, cfg.throughput_seconds / 3))  # warm-up
-    cpu0, self0 = sum(map(_cpu_seconds, pids)), _self_cpu_seconds()
-    loop0 = sum(map(_loop_thread_cpu_seconds, pids))
-    measuring = True
-    started = time.perf_counter()
-    await asyncio.sleep(cfg.throughput_seconds)
-    measuring = False
-    elapsed = time.perf_counter() - started
-    cpu1, self1 = sum(map(_cpu_seconds, pids)), _self_cpu_seconds()
-    loop1 = sum(map(_loop_thread_cpu_seconds, pids))
-    stop = True
-    await asyncio.gather(*workers, return_exceptions=True)
+    async def own_cpu() -> float:
+        await asyncio.sleep(max(0.0, measure_from - time.time()))
+        before = _self_cpu_seconds()
+        await asyncio.sleep(max(0.0, measure_until - time.time()))
+        return _self_cpu_seconds() - before
+
+    workers = [
+        worker(name, seed, clients[i % len(clients)]) for i, (name, seed) in enumerate(zip(names, seeds, strict=True))
+    ]
+    cpu, *_ = await asyncio.gather(own_cpu(), *workers, return_exceptions=True)
     for client in clients:
         await client.close()
-    return {
-        "experiments": len(names),
-        "step_kind": kind,
-        "steps": steps,
-        "steps_per_s": steps / elapsed,
-        "cycle": common.percentiles(cycles),
-        "select": common.percentiles(sel) if sel else None,
-        "report": common.percentiles(rep) if rep else None,
-        "errors": dict(errors),
-        "server_cpu_share": (cpu1 - cpu0) / elapsed,
-        # Summed over the replicas: divide by their number for one loop's share of a core.
-        "loop_thread_cpu_share": (loop1 - loop0) / elapsed,
-        "client_cpu_share": (self1 - self0) / elapsed,
-    }
+    if isinstance(cpu, BaseException):
+        raise cpu
+    return {"steps": steps, "cycles": cycles, "select": sel, "report": rep, "errors": dict(errors), "cpu": cpu}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -1323,6 +1385,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: separate (SelectBatch + ReportOutcomes), combined (ReportAndSelect); default both, in turn",
     )
     parser.add_argument(
+        "--throughput-clients",
+        type=int,
+        default=None,
+        help="client processes that run the throughput loops between them (default 1; more for servers of many cores)",
+    )
+    parser.add_argument(
         "--throughput-summary", default=None, help="comma-separated --out files of earlier runs: print their medians"
     )
     parser.add_argument(
@@ -1388,6 +1456,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.throughput_processes:
         processes = tuple(int(x) for x in args.throughput_processes.split(","))
         cfg = dataclasses.replace(cfg, throughput_processes=processes)
+    if args.throughput_clients:
+        cfg = dataclasses.replace(cfg, throughput_clients=args.throughput_clients)
     if args.throughput_steps:
         cfg = dataclasses.replace(cfg, throughput_steps=tuple(args.throughput_steps.split(",")))
     skip = set(filter(None, args.skip.split(",")))

@@ -88,11 +88,14 @@ def test_throughput_of_one_server_with_several_processes() -> None:
     from tests.support.servers import require_postgres
 
     require_postgres()
+    # The loops run in two client processes of the bench, as for a server of many cores.
     cfg = dataclasses.replace(TINY, throughput_replicas=(1,), throughput_processes=(2,), throughput_levels=(4,),
-                              throughput_steps=("combined",))  # fmt: skip
+                              throughput_steps=("combined",), throughput_clients=2)  # fmt: skip
     with common.database("postgresql") as url:
         t = perf.throughput_run("postgresql", url, cfg)
     assert [(lv["replicas"], lv["processes"]) for lv in t["levels"]] == [(1, 1), (1, 2)]
     assert all(lv["steps"] > 0 and not lv["errors"] for lv in t["levels"])
+    assert [lv["client_processes"] for lv in t["levels"]] == [2, 2]
+    assert all(lv["client_cpu_share"] > 0.01 for lv in t["levels"])
     # The CPU of the supervisor's processes is counted, not the supervisor's alone.
     assert t["levels"][1]["server_cpu_share"] > 0.1
