@@ -62,17 +62,22 @@ class ServerProcess:
         ready = threading.Event()
 
         def read() -> None:
+            # Keeps up with the server's log: a server that writes faster than
+            # this drains its stderr blocks in its own logging calls.
             assert self.proc is not None and self.proc.stderr is not None
+            serving = 0
             for line in self.proc.stderr:
                 try:
                     entry = json.loads(line)
                 except json.JSONDecodeError:
                     entry = {"message": line.rstrip()}
                 self.log_lines.append(entry)
-                serving = sum(1 for e in self.log_lines if e.get("message") == "serving")
-                if entry.get("message") == "serving" and self.processes == 1:
-                    self.port = int(entry["port"])
-                if entry.get("message") == "supervising":
+                message = entry.get("message")
+                if message == "serving":
+                    serving += 1
+                    if self.processes == 1:
+                        self.port = int(entry["port"])
+                elif message == "supervising":
                     self.port = int(entry["port"])
                 if self.port and serving >= self.processes:
                     ready.set()
