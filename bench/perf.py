@@ -548,7 +548,7 @@ def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Genera
 def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     """Steps per second with 1..N experiments stepped at once, each by its
     own loop; on PostgreSQL also with 2 and 3 server replicas on the one
-    database, experiment i on replica i mod r (a trainer talks to one)."""
+    database, the experiments spread evenly over them (a trainer talks to one)."""
     import bots_client
 
     most = max(cfg.throughput_levels)
