@@ -596,6 +596,7 @@ def throughput_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
                         f"(p99 {level_result['cycle']['p99']:.1f}), server CPU {level_result['server_cpu_share']:.2f} "
                         f"cores (event loop threads {level_result['loop_thread_cpu_share']:.2f}), "
                         f"client CPU {level_result['client_cpu_share']:.2f} ({level_result['client_processes']} processes)"
+                        + (f"; by process {level_result['server_cpu_share_by_process']}" if processes > 1 else "")
                     )
         finally:
             for server in servers:
@@ -662,19 +663,24 @@ async def _throughput_level(
         "report": common.percentiles(rep) if rep else None,
         "errors": dict(errors),
         "server_cpu_share": server["cpu"] / elapsed,
+        # Per process (a supervisor first, then its processes): an uneven
+        # spread of the connections shows as some near one core, others idle.
+        "server_cpu_share_by_process": [round(c / elapsed, 3) for c in server["by_process"]],
         # Summed over the replicas: divide by their number for one loop's share of a core.
         "loop_thread_cpu_share": server["loop"] / elapsed,
         "client_cpu_share": sum(part["cpu"] for part in parts) / elapsed,
     }
 
 
-async def _server_cpu_window(pids: Sequence[int], measure_from: float, measure_until: float) -> dict[str, float]:
-    """The servers' CPU seconds, and their event loop threads', between two wall-clock times."""
+async def _server_cpu_window(pids: Sequence[int], measure_from: float, measure_until: float) -> dict[str, Any]:
+    """The servers' CPU seconds, each process's and their event loop
+    threads', between two wall-clock times."""
     await asyncio.sleep(max(0.0, measure_from - time.time()))
-    cpu0, loop0 = sum(map(_cpu_seconds, pids)), sum(map(_loop_thread_cpu_seconds, pids))
+    cpu0, loop0 = [_cpu_seconds(p) for p in pids], sum(map(_loop_thread_cpu_seconds, pids))
     await asyncio.sleep(max(0.0, measure_until - time.time()))
-    cpu1, loop1 = sum(map(_cpu_seconds, pids)), sum(map(_loop_thread_cpu_seconds, pids))
-    return {"cpu": cpu1 - cpu0, "loop": loop1 - loop0}
+    cpu1, loop1 = [_cpu_seconds(p) for p in pids], sum(map(_loop_thread_cpu_seconds, pids))
+    by_process = [after - before for before, after in zip(cpu0, cpu1, strict=True)]
+    return {"cpu": sum(by_process), "by_process": by_process, "loop": loop1 - loop0}
 
 
 def _client_process(*job: Any) -> dict[str, Any]:

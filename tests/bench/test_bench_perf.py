@@ -99,3 +99,5 @@ def test_throughput_of_one_server_with_several_processes() -> None:
     assert all(lv["client_cpu_share"] > 0.01 for lv in t["levels"])
     # The CPU of the supervisor's processes is counted, not the supervisor's alone.
     assert t["levels"][1]["server_cpu_share"] > 0.1
+    supervisor, *processes = t["levels"][1]["server_cpu_share_by_process"]
+    assert len(processes) == 2 and sum(processes) > supervisor
