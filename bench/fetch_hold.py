@@ -24,8 +24,7 @@ if __package__ in (None, ""):  # `python bench/fetch_hold.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-
-PART_ROWS = 250  # the store's ROWS_PER_PACE
+from bots_server.store.sql_base import ROWS_PER_PACE as PART_ROWS  # the store's fetch size
 
 
 def largest_gap(read: Any) -> tuple[float, float]:

@@ -84,11 +84,17 @@ ROWS_PER_PACE = 250
 
 def in_blocks(fn: Callable[[T], R], items: Sequence[T], pace: Callable[[], None] | None) -> list[R]:
     """[fn(item) for item in items], calling `pace` between blocks of ROWS_PER_PACE."""
+    blocks = (items[start : start + ROWS_PER_PACE] for start in range(0, len(items), ROWS_PER_PACE))
+    return over_parts(fn, blocks, pace)
+
+
+def over_parts(fn: Callable[[T], R], parts: Iterable[Sequence[T]], pace: Callable[[], None] | None) -> list[R]:
+    """[fn(item) for each part's items], calling `pace` between parts."""
     out: list[R] = []
-    for start in range(0, len(items), ROWS_PER_PACE):
-        if pace is not None and start:
+    for number, part in enumerate(parts):
+        if pace is not None and number:
             pace()
-        out += [fn(item) for item in items[start : start + ROWS_PER_PACE]]
+        out += [fn(item) for item in part]
     return out
 
 

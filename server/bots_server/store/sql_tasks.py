@@ -19,7 +19,7 @@ from bots_server.store import pieces
 from bots_server.store import schema as t
 from bots_server.store.errors import StaleStep
 from bots_server.store.records import CheckpointRow, Compacted, LoadedRows, Lookup, StepEvent, TenantLimits
-from bots_server.store.sql_base import ROWS_PER_PACE, _translate_errors, in_blocks
+from bots_server.store.sql_base import ROWS_PER_PACE, _translate_errors, in_blocks, over_parts
 from bots_server.store.sql_batches import _find_batch, _read_open_batches, _read_pool_events
 from bots_server.store.sql_rows import _EXPERIMENTS, _experiment_row, _utc
 from bots_server.store.sql_task_rows import TASK_COLUMNS, TaskRowsSql
@@ -166,17 +166,12 @@ class TasksSql(TaskRowsSql):
             .where(t.tasks.c.experiment_id == experiment_id, t.tasks.c.task_idx < num_tasks)
             .order_by(t.tasks.c.task_idx)
         )
-        features: list[dict[str, float]] = []
         with self._read() as conn:
             # In parts: the driver converts the rows it fetches in one call
             # without letting go of the GIL (about 200 ms for 250k rows, a
             # stall for every other caller of the process).
             parts = conn.execution_options(yield_per=ROWS_PER_PACE).execute(query).scalars().partitions()
-            for number, part in enumerate(parts):
-                if number and pace is not None:
-                    pace()
-                features += [json.loads(f) for f in part]
-        return features
+            return over_parts(json.loads, parts, pace)
 
     def _read_checkpoint(self, conn: Connection, experiment_id: int) -> CheckpointRow:
         row = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.experiment_id == experiment_id)).one()
