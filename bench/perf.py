@@ -866,7 +866,7 @@ def breakdown_run(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
 
 async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
     import bots_server.core.batches as batches_module
-    from bots_server.core.domain import Outcome
+    from bots_server.core.domain import Outcomes
     from bots_server.core.selector import SelectorService
     from bots_server.store import open_store
 
@@ -892,10 +892,10 @@ async def _breakdown(backend: str, url: str, cfg: PerfConfig) -> dict[str, Any]:
             t0 = time.perf_counter()
             batch = await service.batches.select("breakdown", cfg.batch_size, f"bd-{i}")
             t1 = time.perf_counter()
-            outcomes = [
-                Outcome(k, float(s), ROLLOUTS)
+            outcomes = Outcomes.of(
+                (k, float(s), ROLLOUTS, None)
                 for k, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-            ]
+            )
             rec.phase = "report" if i >= 3 else "warm-up"
             t2 = time.perf_counter()
             await service.batches.report("breakdown", batch.batch_id, outcomes)
@@ -1067,7 +1067,7 @@ def _nullcontext() -> Iterator[None]:
 
 
 async def _contention_run(url: str, k: int, cfg: PerfConfig, seconds: float, waits: list[float]) -> list[float]:
-    from bots_server.core.domain import Outcome
+    from bots_server.core.domain import Outcomes
     from bots_server.core.selector import SelectorService
     from bots_server.store import open_store
 
@@ -1087,10 +1087,10 @@ async def _contention_run(url: str, k: int, cfg: PerfConfig, seconds: float, wai
         while not stop:
             started = time.perf_counter()
             batch = await service.batches.select(f"c{i}", cfg.batch_size, "")
-            outcomes = [
-                Outcome(key, float(s), ROLLOUTS)
+            outcomes = Outcomes.of(
+                (key, float(s), ROLLOUTS, None)
                 for key, s in zip(batch.keys, rng.integers(0, ROLLOUTS + 1, len(batch.keys)).tolist(), strict=True)
-            ]
+            )
             await service.batches.report(f"c{i}", batch.batch_id, outcomes)
             if measuring:
                 cycles.append(time.perf_counter() - started)

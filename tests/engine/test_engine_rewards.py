@@ -64,3 +64,32 @@ def test_signals_count_groups_whose_rewards_differ() -> None:
     )
     assert signals.tasks == 5 and signals.informative == 2  # the spread group and the binary 3 of 4
     assert signals.successes == pytest.approx(2.0 + 2.0 + 1.2 + 3.0 + 4.0)  # the rewards as reported
+
+
+def test_signals_of_a_report_of_0_or_1_count_the_mixed_groups() -> None:
+    # 0 of 4, 4 of 4 and each count between: the whole-column path of batch_signals.
+    successes = [0.0, 4.0, 1.0, 2.0, 3.0, 0.0]
+    signals = batch_signals(successes, [4] * 6, [None] * 6)
+    assert signals.tasks == 6 and signals.informative == 3
+    assert signals.successes == 10.0 and signals.trials == 24.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_report_s_evidence_is_each_group_s_bit_for_bit(seed: int) -> None:
+    """evidence_of over a report mixing 0/1 groups and graded ones equals
+    evidence_successes group by group, to the last bit (the event log keeps
+    these floats and a replay sums them)."""
+    from bots_server.engine import evidence_of
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(200):
+        n = int(rng.integers(1, 17))
+        if rng.random() < 0.5:
+            rows.append((float(rng.integers(0, n + 1)), n, None))
+        else:
+            rows.append(sums(rng.random(n).round(int(rng.integers(1, 4))).tolist()))
+    successes, trials, sum_squares = (list(c) for c in zip(*rows, strict=True))
+    expected = [evidence_successes(s, n, q) for s, n, q in rows]
+    assert evidence_of(successes, trials, sum_squares).tolist() == expected
+    assert batch_signals(successes, trials, sum_squares).informative == sum(informative(*r) for r in rows)

@@ -8,18 +8,18 @@ import datetime as dt
 import functools
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
 
 from bots_server.core import audit, validation
 from bots_server.core.checkpoints import Checkpoints
-from bots_server.core.domain import Batch, Outcome, ReportResult
+from bots_server.core.domain import Batch, Outcomes, ReportResult
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView
 from bots_server.core.runtime import MAX_WRITE_ATTEMPTS, Runtime, contended
-from bots_server.engine import PosteriorState, apply_outcomes, batch_signals, evidence_successes, select, step_rng
+from bots_server.engine import PosteriorState, apply_outcomes, batch_signals, evidence_of, select, step_rng
 from bots_server.errors import FailedPrecondition, InvalidArgument, NotFound
 from bots_server.store import (
     BatchAlreadyReported,
@@ -65,7 +65,7 @@ class Batches:
             return await self._select(live, batch_size, request_key or uuid.uuid4().hex)
 
     @_trainer_call
-    async def report(self, name: str, batch_id: str, outcomes: Sequence[Outcome]) -> ReportResult:
+    async def report(self, name: str, batch_id: str, outcomes: Outcomes) -> ReportResult:
         """Apply one batch's outcomes as one step; acknowledged once committed.
 
         Tasks of the batch that are not reported count as unselected. A report
@@ -83,7 +83,7 @@ class Batches:
 
     @_trainer_call
     async def report_and_select(
-        self, name: str, batch_id: str, outcomes: Sequence[Outcome], batch_size: int, request_key: str
+        self, name: str, batch_id: str, outcomes: Outcomes, batch_size: int, request_key: str
     ) -> tuple[ReportResult, Batch]:
         """report, then select, committed in one transaction: both or neither.
 
@@ -166,7 +166,7 @@ class Batches:
             return _batch(live, stored)
         raise contended(live.name)
 
-    async def _report(self, live: LiveExperiment, batch_id: str, outcomes: Sequence[Outcome]) -> ReportResult:
+    async def _report(self, live: LiveExperiment, batch_id: str, outcomes: Outcomes) -> ReportResult:
         """report, holding the experiment's lock."""
         rt = self.runtime
         for _ in range(MAX_WRITE_ATTEMPTS):
@@ -225,16 +225,14 @@ class Batches:
         )
 
     def _applied(
-        self, live: LiveExperiment, state: PosteriorState, event: StepEvent, outcomes: Sequence[Outcome]
+        self, live: LiveExperiment, state: PosteriorState, event: StepEvent, outcomes: Outcomes
     ) -> None:
         """Bookkeeping of a report just committed (signals from the outcomes
         as reported: the event holds the posterior's evidence)."""
         rt = self.runtime
         live.state, live.step = state, event.step
         live.open_batches.pop(event.batch_id, None)
-        signals = batch_signals(
-            [o.successes for o in outcomes], [o.trials for o in outcomes], [o.sum_squares for o in outcomes]
-        )
+        signals = batch_signals(outcomes.successes, outcomes.trials, outcomes.sum_squares)
         view = PosteriorView.of(event.step, state, live.config.target_success)
         rt.notify(rt.observer.report_applied, live.name, event.batch_id, signals, view)
         audit.steps.info(
@@ -242,7 +240,7 @@ class Batches:
             extra={"experiment": live.name, "step": event.step, "batch_id": event.batch_id, "tasks": len(event.task_idx)},
         )
 
-    async def _repeated(self, live: LiveExperiment, batch: BatchRow, outcomes: Sequence[Outcome]) -> ReportResult:
+    async def _repeated(self, live: LiveExperiment, batch: BatchRow, outcomes: Outcomes) -> ReportResult:
         """The answer to a report of a batch reported already."""
         assert batch.reported_step is not None
         rt = self.runtime
@@ -394,23 +392,21 @@ def _batch(live: LiveExperiment, row: BatchRow) -> Batch:
     )
 
 
-def _match(
-    live: LiveExperiment, batch: BatchRow, outcomes: Sequence[Outcome]
-) -> tuple[list[int], list[float], list[int]]:
+def _match(live: LiveExperiment, batch: BatchRow, outcomes: Outcomes) -> tuple[list[int], list[float], list[int]]:
     """Task indices, successes and trials sorted by task index (the order
     the event log stores, so a replay sums in the same order). The successes
     are the posterior's evidence (engine/rewards.py): what the event log
     keeps, so a replay needs nothing else."""
     # The batch's own keys, not a lookup in the whole pool: a few times cheaper.
     in_batch = dict(zip(live.keys.take(batch.task_idx), batch.task_idx, strict=True))
-    rows = []
-    for o in outcomes:
-        idx = in_batch.get(o.key)
-        if idx is None:
-            if o.key not in live.keys:
-                raise InvalidArgument(f"task {o.key!r} is not in experiment {live.name!r}")
-            raise InvalidArgument(f"task {o.key!r} is not in batch {batch.batch_id!r}")
-        successes = evidence_successes(float(o.successes), int(o.trials), o.sum_squares)
-        rows.append((idx, successes, int(o.trials)))
-    rows.sort()
-    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    found = list(map(in_batch.get, outcomes.keys))
+    if None in found:
+        key = outcomes.keys[found.index(None)]
+        if key not in live.keys:
+            raise InvalidArgument(f"task {key!r} is not in experiment {live.name!r}")
+        raise InvalidArgument(f"task {key!r} is not in batch {batch.batch_id!r}")
+    task_idx = np.asarray(found, dtype=np.int64)
+    order = np.argsort(task_idx, kind="stable")  # the keys are distinct (validation.outcomes), so are the indices
+    successes = evidence_of(outcomes.successes, outcomes.trials, outcomes.sum_squares)
+    trials = np.asarray(outcomes.trials, dtype=np.int64)
+    return task_idx[order].tolist(), successes[order].tolist(), trials[order].tolist()

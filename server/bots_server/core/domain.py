@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from bots_server.core.limits import MAX_LEASE_TTL_SECONDS, MAX_SEED
 from bots_server.engine import EngineParams, Setting, settings
@@ -83,17 +83,31 @@ class GroupInfo:
     adaptive_share: float | None  # with adaptive_shares: its share of a batch now (every unretired task free)
 
 
-class Outcome(NamedTuple):
-    """What the rollouts of one task gave: `successes` of `trials` (a sum of
-    rewards in [0, 1] may be fractional), and for rewards that are not all
-    0 or 1 the sum of their squares (engine/rewards.py). A named tuple, not
-    a frozen dataclass: a report makes one per task, and a tuple is cheaper
-    to make."""
+@dataclass(frozen=True)
+class Outcomes:
+    """What a report's rollouts gave, as columns, entry i for task keys[i]:
+    `successes` of `trials` (a sum of rewards in [0, 1] may be fractional),
+    and for rewards that are not all 0 or 1 the sum of their squares
+    (engine/rewards.py), None where not given. Columns, not one object per
+    task: a report carries hundreds of tasks, and the checks, the match
+    against the batch and the signals each run over whole columns."""
 
-    key: str
-    successes: float
-    trials: int
-    sum_squares: float | None = None
+    keys: Sequence[str]
+    successes: Sequence[float]
+    trials: Sequence[int]
+    sum_squares: Sequence[float | None]
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[str, float, int, float | None]]) -> Outcomes:
+        """From (key, successes, trials, sum_squares) rows."""
+        columns = tuple(zip(*rows, strict=True))
+        return cls(*columns) if columns else cls((), (), (), ())
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def rows(self) -> Iterator[tuple[str, float, int, float | None]]:
+        return zip(self.keys, self.successes, self.trials, self.sum_squares, strict=True)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ import itertools
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from bots_server.core import limits
-from bots_server.core.domain import ExperimentConfig, NewTasks, Outcome, config_settings
+from bots_server.core.domain import ExperimentConfig, NewTasks, Outcomes, config_settings
 from bots_server.core.limits import shown
 from bots_server.core.priority import Pacer
 from bots_server.errors import InvalidArgument
@@ -131,25 +133,43 @@ def batch_request(batch_size: int, request_key: str) -> None:
     text("request_key", request_key, limits.MAX_REQUEST_KEY_LENGTH)
 
 
-def outcomes(batch_id: str, reported: Sequence[Outcome]) -> None:
+def outcomes(batch_id: str, reported: Outcomes) -> None:
     """Shape and values of a report, before it is matched against the batch."""
     text("batch_id", batch_id, limits.MAX_BATCH_ID_LENGTH, empty=False)
-    if not reported:
+    if not len(reported):
         raise InvalidArgument(f"report for batch {shown(batch_id)} has no outcomes")
+    if _plainly_valid(reported):
+        return
     seen: set[str] = set()
-    for o in reported:
-        text("reported task key", o.key, limits.MAX_KEY_LENGTH, empty=False)
-        if o.key in seen:
-            raise InvalidArgument(f"task {shown(o.key)} is reported more than once")
-        seen.add(o.key)
-        if not 1 <= o.trials <= limits.MAX_TRIALS:
-            raise InvalidArgument(f"task {shown(o.key)}: trials = {o.trials} is outside [1, {limits.MAX_TRIALS}]")
-        if not math.isfinite(o.successes) or not 0.0 <= o.successes <= o.trials:
-            raise InvalidArgument(
-                f"task {shown(o.key)}: successes = {o.successes!r} is outside [0, trials = {o.trials}]"
-            )
-        if o.sum_squares is not None:
-            _sum_squares(o)
+    for key, successes, trials, sum_squares in reported.rows():
+        text("reported task key", key, limits.MAX_KEY_LENGTH, empty=False)
+        if key in seen:
+            raise InvalidArgument(f"task {shown(key)} is reported more than once")
+        seen.add(key)
+        if not 1 <= trials <= limits.MAX_TRIALS:
+            raise InvalidArgument(f"task {shown(key)}: trials = {trials} is outside [1, {limits.MAX_TRIALS}]")
+        if not math.isfinite(successes) or not 0.0 <= successes <= trials:
+            raise InvalidArgument(f"task {shown(key)}: successes = {successes!r} is outside [0, trials = {trials}]")
+        if sum_squares is not None:
+            _sum_squares(key, successes, trials, sum_squares)
+
+
+def _plainly_valid(reported: Outcomes) -> bool:
+    """True only if the loop in `outcomes` would find nothing, checked over
+    whole columns: a report of 0/1 rewards whose keys and values are all in
+    range. False sends the report through the loop, which names the first
+    problem (or finds none: a report with sum_squares)."""
+    keys = reported.keys
+    if reported.sum_squares.count(None) != len(keys):
+        return False
+    if min(map(len, keys)) == 0 or max(map(len, keys)) > limits.MAX_KEY_LENGTH or "\x00" in "".join(keys):
+        return False
+    if len(set(keys)) != len(keys):
+        return False
+    successes = np.asarray(reported.successes, dtype=np.float64)
+    trials = np.asarray(reported.trials, dtype=np.float64)
+    # NaN fails every comparison, and infinity the last: both go to the loop.
+    return bool(np.all((trials >= 1) & (trials <= limits.MAX_TRIALS) & (successes >= 0.0) & (successes <= trials)))
 
 
 # Relative slack of the sum_squares bounds: the trainer sums its floats in
@@ -157,14 +177,13 @@ def outcomes(batch_id: str, reported: Sequence[Outcome]) -> None:
 _SUM_SLACK = 1e-9
 
 
-def _sum_squares(o: Outcome) -> None:
+def _sum_squares(key: str, successes: float, trials: int, sum_squares: float) -> None:
     """Rewards r_i in [0, 1] have sum(r_i)^2 / n <= sum(r_i^2) <= sum(r_i)."""
-    assert o.sum_squares is not None
-    low, high = o.successes * o.successes / o.trials, o.successes
+    low, high = successes * successes / trials, successes
     slack = _SUM_SLACK * max(1.0, high)
-    if not math.isfinite(o.sum_squares) or not low - slack <= o.sum_squares <= high + slack:
+    if not math.isfinite(sum_squares) or not low - slack <= sum_squares <= high + slack:
         raise InvalidArgument(
-            f"task {shown(o.key)}: sum_squares = {o.sum_squares!r} is outside [successes^2 / trials, successes] = "
+            f"task {shown(key)}: sum_squares = {sum_squares!r} is outside [successes^2 / trials, successes] = "
             f"[{low:g}, {high:g}] (the sum of squared rewards in [0, 1])"
         )
 

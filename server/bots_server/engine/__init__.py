@@ -7,7 +7,7 @@ in `strategies/`; their parameters are declared in `params.py`.
 
 from bots_server.engine.params import SELECTION_MODES, EngineParams, Setting, settings
 from bots_server.engine.quotas import GroupQuotas, adapted_quotas, informative_fractions, share_problem
-from bots_server.engine.rewards import evidence_successes
+from bots_server.engine.rewards import evidence_of, evidence_successes
 from bots_server.engine.rng import step_rng
 from bots_server.engine.state import PosteriorState, UpdateResult
 from bots_server.engine.steps import apply_outcomes, select
@@ -33,6 +33,7 @@ __all__ = [
     "adapted_quotas",
     "apply_outcomes",
     "batch_signals",
+    "evidence_of",
     "evidence_successes",
     "group_summary",
     "informative_fractions",

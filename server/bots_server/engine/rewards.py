@@ -22,6 +22,9 @@ p = 0 or 1, like an all-wrong or all-right binary group; the widest spread
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+
+import numpy as np
 
 # A variance this small is rounding in the sums of equal rewards (eight
 # rewards of 0.3 sum to 2.4000000000000004), not a spread: it counts as 0.
@@ -46,6 +49,17 @@ def evidence_successes(successes: float, trials: int, sum_squares: float | None)
     distance = math.sqrt(max(0.0, 0.25 - group_variance(successes, trials, sum_squares)))
     rate = 0.5 + distance if mean >= 0.5 else 0.5 - distance
     return trials * min(1.0, max(0.0, rate))
+
+
+def evidence_of(successes: Sequence[float], trials: Sequence[int], sum_squares: Sequence[float | None]) -> np.ndarray:
+    """evidence_successes of each group of a report, as float64: the
+    successes as reported, but for the groups with sum_squares."""
+    evidence = np.array(successes, dtype=np.float64)
+    if sum_squares.count(None) != len(sum_squares):
+        for i, (s, n, q) in enumerate(zip(successes, trials, sum_squares, strict=True)):
+            if q is not None:
+                evidence[i] = evidence_successes(float(s), int(n), q)
+    return evidence
 
 
 def informative(successes: float, trials: int, sum_squares: float | None) -> bool:

@@ -132,12 +132,13 @@ def batch_signals(
 ) -> BatchSignals:
     """A report's signals from the outcomes as reported (`sum_squares`: per
     task, None where the rewards were 0 or 1)."""
-    return BatchSignals(
-        tasks=len(trials),
-        informative=sum(map(rewards.informative, successes, trials, sum_squares)),
-        successes=float(np.asarray(successes, dtype=np.float64).sum()),
-        trials=float(np.asarray(trials, dtype=np.float64).sum()),
-    )
+    s = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(trials, dtype=np.float64)
+    if sum_squares.count(None) == len(sum_squares):  # 0/1 rewards: rewards.informative over whole columns
+        informative = int(np.count_nonzero((s > 0.0) & (s < n)))
+    else:
+        informative = sum(map(rewards.informative, successes, trials, sum_squares))
+    return BatchSignals(tasks=len(trials), informative=informative, successes=float(s.sum()), trials=float(n.sum()))
 
 
 @dataclass(frozen=True)

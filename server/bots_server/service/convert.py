@@ -22,7 +22,7 @@ from bots_server.core.domain import (
     ExperimentConfig,
     GroupInfo,
     NewTasks,
-    Outcome,
+    Outcomes,
     ReportResult,
     RetireResult,
     config_settings,
@@ -107,10 +107,10 @@ def add_tasks_from_proto(into: NewTasks, messages: Iterable[pb.Task], pacer: Pac
         into.groups.append(m.group)
 
 
-def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> list[Outcome]:
-    return [
-        Outcome(m.key, m.successes, m.trials, m.sum_squares if m.HasField("sum_squares") else None) for m in messages
-    ]
+def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> Outcomes:
+    return Outcomes.of(
+        [(m.key, m.successes, m.trials, m.sum_squares if m.HasField("sum_squares") else None) for m in messages]
+    )
 
 
 def batch_to_proto(batch: Batch) -> pb.Batch:
