@@ -214,6 +214,7 @@ class Batches:
             b: batch for b, batch in live.open_batches.items() if batch.lease_expire_time > stored.create_time
         }
         live.open_batches[stored.batch_id] = stored
+        live.last_batch_keys = (stored.batch_id, live.keys.take(stored.task_idx))
         batch_size = len(stored.task_idx)
         expires = stored.lease_expire_time.timestamp()
         rt.notify(rt.observer.batch_selected, live.name, stored.batch_id, batch_size, expires)
@@ -386,7 +387,7 @@ def _batch(live: LiveExperiment, row: BatchRow) -> Batch:
     return Batch(
         batch_id=row.batch_id,
         step=row.step,
-        keys=live.keys.take(row.task_idx),
+        keys=live.batch_keys(row),
         request_key=row.request_key,
         lease_expire_time=row.lease_expire_time,
     )
@@ -398,7 +399,7 @@ def _match(live: LiveExperiment, batch: BatchRow, outcomes: Outcomes) -> tuple[l
     are the posterior's evidence (engine/rewards.py): what the event log
     keeps, so a replay needs nothing else."""
     # The batch's own keys, not a lookup in the whole pool: a few times cheaper.
-    in_batch = dict(zip(live.keys.take(batch.task_idx), batch.task_idx, strict=True))
+    in_batch = dict(zip(live.batch_keys(batch), batch.task_idx, strict=True))
     found = list(map(in_batch.get, outcomes.keys))
     if None in found:
         key = outcomes.keys[found.index(None)]

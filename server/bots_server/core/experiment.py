@@ -69,6 +69,10 @@ class LiveExperiment:
     # the store checks, in the select's own transaction, that exactly these
     # are open (another replica's batch makes it catch up and choose again).
     open_batches: dict[str, BatchRow] = field(default_factory=dict)
+    # The keys of the batch this copy stored last, (batch id, keys): the
+    # reply carries them, and a report of that batch (a trainer's next call)
+    # matches against them without decoding them again.
+    last_batch_keys: tuple[str, list[str]] | None = None
 
     def take(self, other: LiveExperiment) -> None:
         """Become `other` (a rebuild of this experiment), keeping this object
@@ -84,6 +88,13 @@ class LiveExperiment:
         arrays = sum(a.nbytes for a in vars(self.state).values() if isinstance(a, np.ndarray))
         arrays += self.retired.nbytes + self.group_of.nbytes
         return arrays + self.keys.nbytes + EXPERIMENT_OVERHEAD_BYTES
+
+    def batch_keys(self, batch: BatchRow) -> list[str]:
+        """The keys of `batch`'s tasks, in its order (do not change the list)."""
+        last = self.last_batch_keys
+        if last is not None and last[0] == batch.batch_id:
+            return last[1]
+        return self.keys.take(batch.task_idx)
 
     @property
     def num_tasks(self) -> int:
