@@ -186,6 +186,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, metrics: RpcMetrics) -> None:
         self.metrics = metrics
+        # By full method name: the methods are the service's, so the map is bounded.
+        self._series: dict[str, _MethodSeries] = {}
 
     async def intercept_service(  # type: ignore[override]  # None for unknown methods: the stubs omit it
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -194,24 +196,45 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        labels = (grpc_type(handler.request_streaming, handler.response_streaming), *split_method(method))
-        metrics = self.metrics
+        series = self._series.get(method)
+        if series is None:
+            labels = (grpc_type(handler.request_streaming, handler.response_streaming), *split_method(method))
+            series = self._series[method] = _MethodSeries(self.metrics, labels)
 
         @contextlib.asynccontextmanager
         async def around(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-            metrics.started.labels(*labels).inc()
+            series.started.inc()
             started = time.perf_counter()
 
             def record(code: grpc.StatusCode) -> None:
                 seconds = time.perf_counter() - started
-                metrics.handled.labels(*labels, GO_CODE_NAMES.get(code, "Unknown")).inc()
-                metrics.handling_seconds.labels(*labels).observe(seconds)
+                series.handled(code).inc()
+                series.handling_seconds.observe(seconds)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("rpc", extra={"method": method, "code": code.name, "seconds": round(seconds, 6)})
 
             async with on_finish(context, record):
                 yield
 
-        received = metrics.msg_received.labels(*labels)
-        sent = metrics.msg_sent.labels(*labels)
+        received, sent = series.received, series.sent
         return wrap_handler(handler, around, on_request=lambda _: received.inc(), on_response=lambda _: sent.inc())
+
+
+class _MethodSeries:
+    """One method's labelled series, looked up once: a `labels()` call takes
+    a lock and builds a key, five times a call otherwise."""
+
+    def __init__(self, metrics: RpcMetrics, labels: tuple[str, ...]) -> None:
+        self.labels = labels
+        self.metrics = metrics
+        self.started = metrics.started.labels(*labels)
+        self.handling_seconds = metrics.handling_seconds.labels(*labels)
+        self.received = metrics.msg_received.labels(*labels)
+        self.sent = metrics.msg_sent.labels(*labels)
+        self._handled: dict[grpc.StatusCode, Any] = {}
+
+    def handled(self, code: grpc.StatusCode) -> Any:
+        child = self._handled.get(code)
+        if child is None:
+            child = self._handled[code] = self.metrics.handled.labels(*self.labels, GO_CODE_NAMES.get(code, "Unknown"))
+        return child
