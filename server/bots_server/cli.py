@@ -57,7 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
     # where a server that does not answer (or does not stop) is waiting.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = settings.from_args(args)
-    logs.configure(config.log_level, config.log_format, config.audit_log)
+    logs.configure(config.log_level, config.log_format, config.audit_log, config.log_queue_lines)
     processes = process_count(config, usable_cores())
     try:
         if processes > 1:

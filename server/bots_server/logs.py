@@ -8,12 +8,15 @@ bots_server.service.interceptors), so one grep finds everything a call did.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime as dt
 import json
 import logging
+import queue
 import sys
-from typing import Any
+import threading
+from typing import Any, TextIO
 
 # The id of the gRPC call being handled by the current task; None outside calls.
 # A contextvar rather than a thread-local: many calls interleave on one event
@@ -71,17 +74,145 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+# Lines that may wait for a slow reader of stderr before new ones are
+# dropped: some 25 s of the audit lines of 1000 steps/s, about 15 MB.
+QUEUE_LINES = 50_000
+# How long a flush waits for the writer (at exit, or before a forced exit).
+FLUSH_SECONDS = 2.0
+
+
+class QueuedStreamHandler(logging.Handler):
+    """Formats each record in the caller, where its request id and principal
+    are, and leaves the writing to a thread of its own: a reader of stderr
+    that stalls (a full pipe, a log shipper that falls behind) delays the
+    lines, never a call on the event loop. Up to `capacity` lines wait; past
+    that a line is dropped and counted, and the writer says how many were
+    dropped, in a line of its own, before the next line it writes."""
+
+    def __init__(self, stream: TextIO, capacity: int = QUEUE_LINES) -> None:
+        super().__init__()
+        self.stream = stream
+        self.dropped_total = 0
+        self._dropped_unsaid = 0
+        # Not the handler's own lock: logging.shutdown holds that one while
+        # it flushes, and the writer must go on meanwhile.
+        self._drops = threading.Lock()
+        self._lines: queue.Queue[str | threading.Event | None] = queue.Queue(capacity)
+        self._writer = threading.Thread(target=self._write, name="bots-log-writer", daemon=True)
+        self._writer.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            self._lines.put_nowait(line)
+        except queue.Full:
+            with self._drops:
+                self.dropped_total += 1
+                self._dropped_unsaid += 1
+
+    def flush(self, timeout: float = FLUSH_SECONDS) -> None:
+        """Wait, `timeout` at most, until the lines queued so far are written."""
+        if not self._writer.is_alive():
+            return
+        written = threading.Event()
+        try:
+            self._lines.put(written, timeout=timeout)
+        except queue.Full:
+            return
+        written.wait(timeout)
+
+    def close(self) -> None:
+        """Write what is queued (FLUSH_SECONDS at most) and stop the writer."""
+        self.flush()
+        with contextlib.suppress(queue.Full):  # else the writer is stuck on the stream; it is a daemon thread
+            self._lines.put_nowait(None)
+        self._writer.join(FLUSH_SECONDS)
+        super().close()
+
+    def _write(self) -> None:
+        while True:
+            waiting = [self._lines.get()]
+            while len(waiting) < 1000 and not self._lines.empty():  # write what waits, then flush once
+                waiting.append(self._lines.get_nowait())
+            for item in waiting:
+                if item is None:  # closing: say what was dropped since the last line
+                    notice = self._dropped_notice()
+                    if notice is not None:
+                        self._write_out(notice)
+                    self._write_out(None)
+                    return
+                if isinstance(item, threading.Event):
+                    self._write_out(None)
+                    item.set()
+                else:
+                    notice = self._dropped_notice()
+                    if notice is not None:
+                        self._write_out(notice)
+                    self._write_out(item)
+            self._write_out(None)
+
+    def _write_out(self, line: str | None) -> None:
+        """Write a line, or flush the stream (None)."""
+        try:
+            if line is None:
+                self.stream.flush()
+            else:
+                self.stream.write(line + "\n")
+        except Exception:  # a closed or broken stream: there is nowhere to say so
+            pass
+
+    def _dropped_notice(self) -> str | None:
+        with self._drops:
+            dropped, self._dropped_unsaid = self._dropped_unsaid, 0
+        if not dropped:
+            return None
+        record = logging.makeLogRecord(
+            {
+                "name": __name__,
+                "levelno": logging.WARNING,
+                "levelname": "WARNING",
+                "msg": "log lines dropped: stderr was not read fast enough",
+                "dropped": dropped,
+            }
+        )
+        return self.format(record)
+
+
+_handler: QueuedStreamHandler | None = None
+
+
+def dropped_lines() -> int:
+    """Log lines this process dropped because stderr was not read fast enough."""
+    return _handler.dropped_total if _handler is not None else 0
+
+
+def flush(timeout: float = FLUSH_SECONDS) -> None:
+    """Wait, `timeout` at most, until the lines logged so far are written:
+    before an exit that skips the interpreter's own shutdown (os._exit)."""
+    if _handler is not None:
+        _handler.flush(timeout)
+
+
 AUDIT_LEVELS = ("all", "experiments", "off")
 
 
-def configure(level: str, fmt: str, audit: str = "all") -> None:
+def configure(level: str, fmt: str, audit: str = "all", queue_lines: int = QUEUE_LINES) -> None:
     """`audit`: which audit lines to keep (core/audit.py): all, experiments
-    (no line per training step) or off."""
-    handler = logging.StreamHandler(sys.stderr)
+    (no line per training step) or off. `queue_lines`: see QueuedStreamHandler."""
+    global _handler
+    handler = QueuedStreamHandler(sys.stderr, queue_lines)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, QueuedStreamHandler):
+            old.close()
     root.handlers[:] = [handler]
+    _handler = handler
     root.setLevel(level)
     quiet = logging.WARNING
     logging.getLogger("bots_server.audit").setLevel(quiet if audit == "off" else logging.NOTSET)

@@ -26,9 +26,10 @@ from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bots_server import logs
 from bots_server.core.observer import BatchSignals, PosteriorView, SelectorObserver
 from bots_server.engine.summary import MEAN_QUANTILES, SHARE_BANDS, TARGET_BAND
 from bots_server.metric_labels import OpaqueLabels
@@ -402,6 +403,17 @@ class ExperimentMetrics(SelectorObserver, Collector):
         return (share, quantiles, leased, age, behind, loaded)
 
 
+class _DroppedLogLines(Collector):
+    """bots_log_lines_dropped_total, read from the log handler at scrape time."""
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "bots_log_lines_dropped",
+            "Log lines dropped because stderr was not read fast enough (logs.QUEUE_LINES were waiting).",
+            value=logs.dropped_lines(),
+        )
+
+
 class Metrics:
     """All of the server's metrics on one registry (not the global one, so
     several servers in one process, as in tests, do not collide)."""
@@ -446,6 +458,7 @@ class Metrics:
             "Estimated memory of the experiments held in memory, which --memory-budget-mb bounds.",
             registry=self.registry,
         )
+        self.registry.register(_DroppedLogLines())
         self._http: WSGIServer | None = None
 
     def database_error(self, kind: str) -> None:

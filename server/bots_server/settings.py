@@ -91,6 +91,13 @@ SETTINGS = (
     ),
     Setting("--log-level", "BOTS_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("--log-format", "BOTS_LOG_FORMAT", "text", "text or json (one JSON object per line)"),
+    Setting(
+        "--log-queue-lines",
+        "BOTS_LOG_QUEUE_LINES",
+        str(logs.QUEUE_LINES),
+        "log lines that may wait for a slow reader of stderr (a log shipper behind) while calls go on; past that, "
+        "new lines are dropped and counted (bots_log_lines_dropped_total) and a line says how many",
+    ),
     Setting("--migrate", "BOTS_MIGRATE", "true", "upgrade the schema on start (true/false)"),
     Setting("--tls-cert", "BOTS_TLS_CERT", "", "PEM certificate (chain) of the server; with --tls-key: serve TLS only"),
     Setting("--tls-key", "BOTS_TLS_KEY", "", "PEM private key of --tls-cert"),
@@ -225,6 +232,7 @@ class ServerSettings:
     database_timeout_seconds: float = 5.0
     log_level: str = "INFO"
     log_format: str = "text"
+    log_queue_lines: int = logs.QUEUE_LINES
     migrate: bool = True
     auth_tokens: frozenset[str] = frozenset()
     tls_cert: str = ""
@@ -352,6 +360,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             database_timeout_seconds=float(args.database_timeout_seconds),
             log_level=args.log_level.upper(),
             log_format=args.log_format,
+            log_queue_lines=_count(args.log_queue_lines, "--log-queue-lines", zero=False),
             migrate=migrate in ("true", "1", "yes"),
             auth_tokens=auth_tokens(os.environ.get("BOTS_AUTH_TOKENS", ""), args.auth_tokens_file),
             tls_cert=args.tls_cert,

@@ -28,7 +28,7 @@ from grpc_reflection.v1alpha import reflection
 
 import bots_server
 from bots_client.proto import bots_pb2
-from bots_server import metric_labels, tracing
+from bots_server import logs, metric_labels, tracing
 from bots_server.core.quotas import Quotas, StreamBounds
 from bots_server.core.selector import CheckpointPolicy, SelectorService
 from bots_server.engine import parallel
@@ -353,6 +353,7 @@ def _exit_unless_stopped_within(seconds: float) -> None:
 
     def give_up() -> None:
         log.error("shutdown did not finish; exiting", extra={"shutdown_seconds": seconds})
+        logs.flush()  # the line above before the stacks, which go to stderr directly
         faulthandler.dump_traceback(all_threads=True)
         os._exit(EXIT_SHUTDOWN_TIMEOUT)
 
