@@ -409,7 +409,7 @@ class _DroppedLogLines(Collector):
     def collect(self) -> Iterable[Metric]:
         yield CounterMetricFamily(
             "bots_log_lines_dropped",
-            "Log lines dropped because stderr was not read fast enough (logs.QUEUE_LINES were waiting).",
+            "Log lines dropped because stderr was not read fast enough (--log-queue-lines were waiting).",
             value=logs.dropped_lines(),
         )
 
