@@ -8,12 +8,11 @@ bots_server.service.interceptors), so one grep finds everything a call did.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import contextvars
 import datetime as dt
 import json
 import logging
-import queue
 import sys
 import threading
 from typing import Any, TextIO
@@ -79,25 +78,35 @@ class TextFormatter(logging.Formatter):
 QUEUE_LINES = 50_000
 # How long a flush waits for the writer (at exit, or before a forced exit).
 FLUSH_SECONDS = 2.0
+# How often the writer wakes to write what was logged meanwhile. Not at
+# every line: waking a thread per line costs a step more than writing it.
+WRITE_INTERVAL_SECONDS = 0.05
 
 
 class QueuedStreamHandler(logging.Handler):
     """Formats each record in the caller, where its request id and principal
-    are, and leaves the writing to a thread of its own: a reader of stderr
-    that stalls (a full pipe, a log shipper that falls behind) delays the
-    lines, never a call on the event loop. Up to `capacity` lines wait; past
-    that a line is dropped and counted, and the writer says how many were
-    dropped, in a line of its own, before the next line it writes."""
+    are, and leaves the writing to a thread of its own, which wakes every
+    WRITE_INTERVAL_SECONDS: a reader of stderr that stalls (a full pipe, a
+    log shipper that falls behind) delays the lines, never a call on the
+    event loop. Up to `capacity` lines wait; past that a line is dropped and
+    counted, and the writer says how many were dropped, in a line of its
+    own, before the next line it writes."""
 
     def __init__(self, stream: TextIO, capacity: int = QUEUE_LINES) -> None:
         super().__init__()
         self.stream = stream
+        self.capacity = capacity
         self.dropped_total = 0
         self._dropped_unsaid = 0
+        # A deque: appending and popping need no lock and wake no thread.
+        self._lines: collections.deque[str] = collections.deque()
+        self._queued = 0  # lines queued so far, under the handler's lock (emit holds it)
         # Not the handler's own lock: logging.shutdown holds that one while
         # it flushes, and the writer must go on meanwhile.
-        self._drops = threading.Lock()
-        self._lines: queue.Queue[str | threading.Event | None] = queue.Queue(capacity)
+        self._progress = threading.Condition()
+        self._written = 0  # lines written (or given up on) so far, under _progress
+        self._wake = threading.Event()
+        self._closing = False
         self._writer = threading.Thread(target=self._write, name="bots-log-writer", daemon=True)
         self._writer.start()
 
@@ -107,53 +116,49 @@ class QueuedStreamHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
-        try:
-            self._lines.put_nowait(line)
-        except queue.Full:
-            with self._drops:
+        if len(self._lines) >= self.capacity:
+            with self._progress:
                 self.dropped_total += 1
                 self._dropped_unsaid += 1
+            return
+        self._lines.append(line)
+        self._queued += 1
 
     def flush(self, timeout: float = FLUSH_SECONDS) -> None:
         """Wait, `timeout` at most, until the lines queued so far are written."""
-        if not self._writer.is_alive():
-            return
-        written = threading.Event()
-        try:
-            self._lines.put(written, timeout=timeout)
-        except queue.Full:
-            return
-        written.wait(timeout)
+        target = self._queued
+        self._wake.set()
+        with self._progress:
+            self._progress.wait_for(lambda: self._written >= target or not self._writer.is_alive(), timeout)
 
     def close(self) -> None:
         """Write what is queued (FLUSH_SECONDS at most) and stop the writer."""
+        self._closing = True
         self.flush()
-        with contextlib.suppress(queue.Full):  # else the writer is stuck on the stream; it is a daemon thread
-            self._lines.put_nowait(None)
         self._writer.join(FLUSH_SECONDS)
         super().close()
 
     def _write(self) -> None:
         while True:
-            waiting = [self._lines.get()]
-            while len(waiting) < 1000 and not self._lines.empty():  # write what waits, then flush once
-                waiting.append(self._lines.get_nowait())
-            for item in waiting:
-                if item is None:  # closing: say what was dropped since the last line
-                    notice = self._dropped_notice()
-                    if notice is not None:
-                        self._write_out(notice)
-                    self._write_out(None)
-                    return
-                if isinstance(item, threading.Event):
-                    self._write_out(None)
-                    item.set()
-                else:
-                    notice = self._dropped_notice()
-                    if notice is not None:
-                        self._write_out(notice)
-                    self._write_out(item)
+            self._wake.wait(WRITE_INTERVAL_SECONDS)
+            self._wake.clear()
+            closing = self._closing
+            written = 0
+            while self._lines:
+                notice = self._dropped_notice()
+                if notice is not None:
+                    self._write_out(notice)
+                self._write_out(self._lines.popleft())
+                written += 1
+            notice = self._dropped_notice()  # closing, or drops since the last line: say them now
+            if notice is not None:
+                self._write_out(notice)
             self._write_out(None)
+            with self._progress:
+                self._written += written
+                self._progress.notify_all()
+            if closing:
+                return
 
     def _write_out(self, line: str | None) -> None:
         """Write a line, or flush the stream (None)."""
@@ -166,7 +171,7 @@ class QueuedStreamHandler(logging.Handler):
             pass
 
     def _dropped_notice(self) -> str | None:
-        with self._drops:
+        with self._progress:
             dropped, self._dropped_unsaid = self._dropped_unsaid, 0
         if not dropped:
             return None
