@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, TextIO
 
 # The id of the gRPC call being handled by the current task; None outside calls.
@@ -81,6 +82,12 @@ FLUSH_SECONDS = 2.0
 # How often the writer wakes to write what was logged meanwhile. Not at
 # every line: waking a thread per line costs a step more than writing it.
 WRITE_INTERVAL_SECONDS = 0.05
+# The writer writes whole lines in chunks of at most this many bytes: one
+# write each (stderr is line-buffered), not one per line (each write hands
+# the GIL back and forth with the event loop), and no longer than PIPE_BUF
+# on Linux, so processes sharing a pipe never cut into each other's lines.
+# A longer line is written alone, as a plain handler would.
+CHUNK_BYTES = 4096
 
 
 class QueuedStreamHandler(logging.Handler):
@@ -144,15 +151,17 @@ class QueuedStreamHandler(logging.Handler):
             self._wake.clear()
             closing = self._closing
             written = 0
+            chunk = _Chunk(self._write_out)
             while self._lines:
                 notice = self._dropped_notice()
                 if notice is not None:
-                    self._write_out(notice)
-                self._write_out(self._lines.popleft())
+                    chunk.add(notice)
+                chunk.add(self._lines.popleft())
                 written += 1
             notice = self._dropped_notice()  # closing, or drops since the last line: say them now
             if notice is not None:
-                self._write_out(notice)
+                chunk.add(notice)
+            chunk.close()
             self._write_out(None)
             with self._progress:
                 self._written += written
@@ -160,13 +169,13 @@ class QueuedStreamHandler(logging.Handler):
             if closing:
                 return
 
-    def _write_out(self, line: str | None) -> None:
-        """Write a line, or flush the stream (None)."""
+    def _write_out(self, text: str | None) -> None:
+        """Write whole lines, or flush the stream (None)."""
         try:
-            if line is None:
+            if text is None:
                 self.stream.flush()
             else:
-                self.stream.write(line + "\n")
+                self.stream.write(text)
         except Exception:  # a closed or broken stream: there is nowhere to say so
             pass
 
@@ -185,6 +194,28 @@ class QueuedStreamHandler(logging.Handler):
             }
         )
         return self.format(record)
+
+
+class _Chunk:
+    """Whole lines gathered into writes of at most CHUNK_BYTES."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+        self.lines: list[str] = []
+        self.size = 0
+
+    def add(self, line: str) -> None:
+        text = line + "\n"
+        size = len(text) if text.isascii() else 4 * len(text)  # at most 4 bytes a character in UTF-8
+        if self.lines and self.size + size > CHUNK_BYTES:
+            self.close()
+        self.lines.append(text)
+        self.size += size
+
+    def close(self) -> None:
+        if self.lines:
+            self.write("".join(self.lines))
+            self.lines, self.size = [], 0
 
 
 _handler: QueuedStreamHandler | None = None
