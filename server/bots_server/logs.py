@@ -80,7 +80,8 @@ QUEUE_LINES = 50_000
 # How long a flush waits for the writer (at exit, or before a forced exit).
 FLUSH_SECONDS = 2.0
 # How often the writer wakes to write what was logged meanwhile. Not at
-# every line: waking a thread per line costs a step more than writing it.
+# every line: a wake-up per line would hand the GIL back and forth with the
+# event loop at every line.
 WRITE_INTERVAL_SECONDS = 0.05
 # The writer writes whole lines in chunks of at most this many bytes: one
 # write each (stderr is line-buffered), not one per line (each write hands
