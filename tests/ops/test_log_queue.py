@@ -42,9 +42,9 @@ def test_a_stalled_stream_costs_the_caller_nothing_and_drops_are_said() -> None:
     for i in range(500):
         logger.info("step", extra={"i": i})
     assert time.perf_counter() - started < 1.0  # not one write waited
-    # 10 lines wait, and the writer may hold one more, its write blocked:
-    # the rest were dropped.
-    assert 500 - 11 <= handler.dropped_total <= 500 - 10
+    # 10 lines wait, and the writer may hold up to 10 more (what it took
+    # from the queue before its write blocked): the rest were dropped.
+    assert 500 - 20 <= handler.dropped_total <= 500 - 10
     stream.resume.set()
     handler.flush()  # the reader catches up
     logger.info("after")
