@@ -154,14 +154,10 @@ class QueuedStreamHandler(logging.Handler):
             written = 0
             chunk = _Chunk(self._write_out)
             while self._lines:
-                notice = self._dropped_notice()
-                if notice is not None:
-                    chunk.add(notice)
+                self._say_dropped(chunk)
                 chunk.add(self._lines.popleft())
                 written += 1
-            notice = self._dropped_notice()  # closing, or drops since the last line: say them now
-            if notice is not None:
-                chunk.add(notice)
+            self._say_dropped(chunk)  # closing, or drops since the last line: say them now
             chunk.close()
             self._write_out(None)
             with self._progress:
@@ -180,11 +176,12 @@ class QueuedStreamHandler(logging.Handler):
         except Exception:  # a closed or broken stream: there is nowhere to say so
             pass
 
-    def _dropped_notice(self) -> str | None:
+    def _say_dropped(self, chunk: _Chunk) -> None:
+        """Add a line saying how many lines were dropped since the last such line, if any were."""
         with self._progress:
             dropped, self._dropped_unsaid = self._dropped_unsaid, 0
         if not dropped:
-            return None
+            return
         record = logging.makeLogRecord(
             {
                 "name": __name__,
@@ -194,7 +191,7 @@ class QueuedStreamHandler(logging.Handler):
                 "dropped": dropped,
             }
         )
-        return self.format(record)
+        chunk.add(self.format(record))
 
 
 class _Chunk:
