@@ -13,7 +13,7 @@ import pytest
 
 import bots_client
 from bots_client.integrations import Curriculum, aggregate_outcomes, merge_outcomes
-from bots_client.integrations._core import UnattributedOutcomesError, address_and_experiment
+from bots_client.integrations._core import EmptyReportError, UnattributedOutcomesError, address_and_experiment
 from tests.integrations.conftest import EXACT, counts
 
 
@@ -158,6 +158,29 @@ def test_non_strict_report_drops_strays_and_non_reporter_never_calls(
     assert other.report(dict.fromkeys(b.keys, (1, 2))) == []
     assert client.get_experiment(exp_name).step == 1  # rank 1 never reports
     assert other.open_batches == []  # but it closed the batch locally
+
+
+def test_a_report_with_no_outcome_raises_instead_of_vanishing(
+    client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every reward None (a reward function that applies to none of the
+    # rollouts): nothing can be sent, so the trainer hears of it, in the
+    # foreground and in the background alike, and the batch stays open.
+    keys = [f"k{i}" for i in range(6)]
+    cur = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    batch = cur.select()
+    nothing = aggregate_outcomes(list(batch.keys), [None, None])
+    assert nothing == {}
+    with pytest.raises(EmptyReportError, match=f"no task outcomes to report for batch {batch.number}"):
+        cur.report(nothing, batch=batch)
+    with pytest.raises(EmptyReportError, match="every reward was None"):
+        cur.report_in_background(nothing)
+    assert [b.batch_id for b in cur.open_batches] == [batch.batch_id]
+    with caplog.at_level(logging.ERROR, logger="bots_client.integrations"):
+        assert cur.report(nothing, strict=False) == []
+    assert "no task outcomes to report" in caplog.text
+    assert client.get_experiment(exp_name).step == 0 and client.get_experiment(exp_name).open_batches == 1
+    assert cur.report(dict.fromkeys(batch.keys, (1.0, 2)), batch=batch)[0].step == 1  # the batch is still reportable
 
 
 def test_replayed_batch_after_a_crash_keeps_the_first_report(

@@ -211,6 +211,65 @@ def test_real_ddp_pipelined_reports_lag_at_most_one_step(address: str, exp_name:
     assert client_step(address, exp_name) == DDP_BATCHES
 
 
+def _ddp_resume_worker(rank: int, world: int, address: str, experiment: str, init_file: str, out_dir: str) -> None:
+    """A prefetching loader under DDP: batch k + 1 is drawn when batch k is
+    reported in the background, and each rank checkpoints right after
+    report() returns, then resumes a new sampler from its own checkpoint."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        sampler = BotsBatchSampler(address, experiment, KEYS, batch_size=4, num_batches=4, config=EXACT)
+        it = iter(sampler)
+        first = next(it)
+        next(it)
+        second = sampler.last_batch
+        assert second is not None
+        sampler.report({sampler.key_of(i): (1.0, 2) for i in first}, batch=0)
+        next(it)  # the prefetch: batch 2, drawn before batch 1 is reported
+        sampler.report(dict.fromkeys(second.keys[rank::world], (1.0, 2)), batch=second)
+        state = pickle.loads(pickle.dumps(sampler.state_dict()))
+        dist.barrier()  # then the trainer dies on every rank
+        resumed = BotsBatchSampler(address, experiment, KEYS, batch_size=4, num_batches=4, config=EXACT)
+        resumed.load_state_dict(state)
+        next(iter(resumed))
+        assert resumed.last_batch is not None
+        Path(out_dir, f"resume{rank}.json").write_text(
+            json.dumps({"pending": state["pending"], "number": resumed.last_batch.number,
+                        "keys": list(resumed.last_batch.keys)})
+        )  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_ddp_ranks_resume_at_the_same_batch_after_an_overlapped_report(
+    address: str, exp_name: str, tmp_path: Path
+) -> None:
+    # Rank 1 learns of rank 0's background report only at its next draw, so
+    # its checkpoint holds the acknowledged step before it; resumed alone it
+    # skipped batch 2, which rank 0 (rightly) draws again: the ranks trained
+    # on different batches. Loading is a collective: both follow rank 0.
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_ddp_resume_worker, args=(world, address, exp_name, str(tmp_path / "init"), str(tmp_path)), nprocs=world)
+    r0, r1 = (json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(world))
+    assert r0["pending"] == r1["pending"] == [2]  # drawn, never reported
+    assert r0["number"] == r1["number"] == 2 and r0["keys"] == r1["keys"]
+    assert client_step(address, exp_name) == 2
+
+
+def test_gather_without_a_process_group_raises_instead_of_losing_other_ranks_outcomes(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    sampler = BotsSampler(client, exp_name, KEYS, batch_size=4, config=EXACT, rank=0, world_size=2)
+    it = iter(sampler)
+    rows = [sampler.key_of(next(it)) for _ in range(sampler.local_batch_size)]
+    with pytest.raises(RuntimeError, match="no process group"):
+        sampler.report(dict.fromkeys(rows, (1.0, 2)))
+    assert client.get_experiment(exp_name).step == 0  # nothing half-sent: rank 1's half was never asked for
+
+
 def _draw(sampler: Any, n_batches: int) -> list[tuple[str, ...]]:
     """Draw n batches through the flat index stream and report each."""
     out = []

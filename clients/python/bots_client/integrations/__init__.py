@@ -27,6 +27,7 @@ The shared, framework-free part is `Curriculum` (experiment setup, task key
 
 from bots_client.integrations._core import (
     Curriculum,
+    EmptyReportError,
     SelectedBatch,
     UnattributedOutcomesError,
     aggregate_outcomes,
@@ -36,6 +37,7 @@ from bots_client.integrations._core import (
 
 __all__ = [
     "Curriculum",
+    "EmptyReportError",
     "SelectedBatch",
     "UnattributedOutcomesError",
     "aggregate_outcomes",

@@ -56,6 +56,11 @@ class UnattributedOutcomesError(ValueError):
     report named. Raised before anything is sent, so nothing is half-applied."""
 
 
+class EmptyReportError(ValueError):
+    """A report with no task outcomes at all (every reward None): the server
+    would refuse it, and dropping it quietly would leave its batch leased."""
+
+
 @dataclass(frozen=True)
 class CurriculumSignals:
     """What the service saw in one reported batch, for the trainer's logger.
@@ -562,6 +567,19 @@ class Curriculum:
         """The outcomes, each open batch with its share of them; what cannot
         be attributed raises (strict) or is dropped and counted."""
         clean = {str(k): outcome_value(v) for k, v in outcomes.items()}
+        if not clean:
+            # Every reward None (or NaN, which TRL makes of None): nothing
+            # can be sent, and the batch stays open and leased until it expires.
+            where = "" if batch is None else f" for batch {batch if isinstance(batch, (str, int)) else batch.number}"
+            message = (
+                f"no task outcomes to report{where} of experiment {self.experiment!r}: every reward was None "
+                "(a reward function that applies to none of the rollouts?); the batch stays open and its "
+                "tasks stay leased until the lease expires"
+            )
+            if self.strict if strict is None else strict:
+                raise EmptyReportError(message)
+            log.error("%s (strict=False: going on)", message)
+            return []
         with self._lock:
             groups, problems = self._attribute(clean, batch)
             batches = [self._open[b] for b in groups]

@@ -253,6 +253,7 @@ class _SamplerBase:
         the reporting rank, [] elsewhere."""
         collective = self.gather if gather is None else gather
         if collective:
+            self._need_process_group("report()")
             outcomes = all_gather_outcomes(outcomes)
         if self.overlap:
             self.wait()
@@ -306,7 +307,7 @@ class _SamplerBase:
         if state.get("request_prefix", self.curriculum.request_prefix) != self.curriculum.request_prefix:
             raise ValueError("checkpoint used another request_prefix")
         step, offset = int(state["step"]), int(state.get("offset", 0))
-        resumed = self.curriculum.resume_number(state, step)
+        resumed = self._agreed_resume_number(state, step)
         if resumed != step:
             offset = 0  # an earlier batch again, from its start
         elif offset and int(state.get("world_size", self.curriculum.world_size)) != self.curriculum.world_size:
@@ -322,6 +323,40 @@ class _SamplerBase:
             offset = 0
         self.step, self.offset = resumed, offset
         self.curriculum.next_number = max(self.curriculum.next_number, self.step)
+
+    def _agreed_resume_number(self, state: Mapping[str, Any], step: int) -> int:
+        """`Curriculum.resume_number`, the same on every rank. With `gather`
+        under torch.distributed, a collective like `report`: every rank
+        loads its checkpoint, and the reporting rank's answer, with the
+        acknowledged step it knows, is broadcast to the others. An overlapped
+        report is acknowledged to the other ranks only when they draw the
+        next batch, so a checkpoint they took before that holds an older
+        acknowledged step than the reporter's and, resumed on its own, would
+        skip a pending batch that the reporter draws again."""
+        resumed = self.curriculum.resume_number(state, step)
+        dist = _process_group() if self.gather else None
+        if dist is None:
+            return resumed
+        cur = self.curriculum
+        box: list[Any] = [(resumed, cur.acknowledged_step) if cur.is_reporter else None]
+        dist.broadcast_object_list(box, src=cur.report_rank)
+        resumed, acknowledged = box[0]
+        if acknowledged is not None:
+            cur.acknowledge(acknowledged)
+        return int(resumed)
+
+    def _need_process_group(self, what: str) -> None:
+        """Raise if this sampler shares batches over several ranks but no
+        torch.distributed process group is up: the outcomes of the other
+        ranks could not be gathered and would be lost without a word."""
+        world = self.curriculum.world_size
+        if world > 1 and _process_group() is None:
+            raise RuntimeError(
+                f"{what} with gather=True is a torch.distributed collective, but this sampler has "
+                f"world_size = {world} and no process group of that size is initialised: call "
+                "torch.distributed.init_process_group first, or pass gather=False and gather the "
+                "ranks' outcomes yourself (only report_rank's are sent)"
+            )
 
 
 class _BotsSampler(_SamplerBase):
