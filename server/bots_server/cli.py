@@ -53,6 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
     from bots_server.service.supervisor import Supervisor, process_count
 
     allocator.configure()
+    # Until the server (or the supervisor) handles SIGHUP (re-read the
+    # credentials), one must not kill it while it starts.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how to see
     # where a server that does not answer (or does not stop) is waiting.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -83,6 +83,13 @@ SETTINGS = (
         "container may use on PostgreSQL, 1 on SQLite",
     ),
     Setting(
+        "--process-stall-seconds",
+        "BOTS_PROCESS_STALL_SECONDS",
+        "30",
+        "with --processes above 1: a server process whose event loop has not run for this long is killed (its "
+        "threads' stacks logged) and started again; 0: never",
+    ),
+    Setting(
         "--database-timeout-seconds",
         "BOTS_DATABASE_TIMEOUT_SECONDS",
         "5",
@@ -229,6 +236,7 @@ class ServerSettings:
     shutdown_seconds: float = 45.0
     workers: int = 8
     processes: int = 1
+    process_stall_seconds: float = 30.0
     database_timeout_seconds: float = 5.0
     log_level: str = "INFO"
     log_format: str = "text"
@@ -357,6 +365,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             shutdown_seconds=_shutdown_seconds(args),
             workers=int(args.workers),
             processes=_count(args.processes, "--processes"),
+            process_stall_seconds=_amount(args.process_stall_seconds, "--process-stall-seconds"),
             database_timeout_seconds=float(args.database_timeout_seconds),
             log_level=args.log_level.upper(),
             log_format=args.log_format,

@@ -6,6 +6,7 @@ endpoint with every process's series; SQLite refuses more than one process."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import grpc
 import pytest
 
 import bots_client
+from bots_server.service.supervisor import SUPERVISOR_SERIES
 from tests.support.crash import outcome, setup
 from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, require_postgres
 
@@ -101,7 +103,8 @@ def test_processes_behind_one_address_match_a_single_server(databases: tuple[str
         text = metrics(server.metrics_port)
         calls = rpc_calls_by_process(text)
         assert set(calls) == {"0", "1"} and all(n > 0 for n in calls.values()), calls
-        assert "bots_server_processes 2.0" in text
+        assert "bots_server_processes 2.0" in text and "bots_server_processes_up 2.0" in text
+        assert all(f"\n{name} " in text for name in SUPERVISOR_SERIES)  # what the alerts may read
     finally:
         single.stop()
         code = server.stop()
@@ -158,3 +161,98 @@ def test_sqlite_refuses_more_than_one_process(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "--processes 2 needs PostgreSQL" in result.stderr
+
+
+def test_a_second_supervised_server_cannot_take_the_address(databases: tuple[str, str]) -> None:
+    # Without the probe both supervisors started, four processes shared the
+    # port, and 8 of 20 fresh connections to the first server's address
+    # reached the second server's database.
+    first, second = databases
+    server = ServerProcess(first, processes=2).start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "bots_server.cli", "serve", "--db", second, "--listen", server.address,
+             "--metrics-listen", "127.0.0.1:0", "--processes", "2"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode != 0
+        assert f"cannot listen on {server.address}" in result.stderr
+        assert len(children(server.proc.pid)) == 2  # type: ignore[union-attr]
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_stalled_process_is_killed_with_its_stacks_and_replaced(databases: tuple[str, str]) -> None:
+    server = ServerProcess(databases[0], processes=2, extra_args=["--process-stall-seconds", "2"]).start()
+    try:
+        victim = children(server.proc.pid)[0]  # type: ignore[union-attr]
+        os.kill(victim, signal.SIGSTOP)  # its event loop stops; the kernel still deals it connections
+        deadline = time.monotonic() + 30
+        while victim in children(server.proc.pid):  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the stalled process was never killed"
+            time.sleep(0.2)
+        while len(children(server.proc.pid)) < 2:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the stalled process was not replaced"
+            time.sleep(0.2)
+        stalled = [e for e in server.log_lines if str(e.get("message", "")).startswith("server process stopped:")]
+        assert stalled and stalled[0]["pid"] == victim
+        with connect(server.address) as client:
+            setup(client, "after", pool=20)
+            assert len(client.select_batch("after", BATCH, request_key="k").keys) == BATCH
+        assert "bots_server_process_restarts_total 1.0" in metrics(server.metrics_port)
+    finally:
+        assert server.stop() == 0
+
+
+def test_processes_that_cannot_start_are_retried_slower_and_reported_down(
+    databases: tuple[str, str], tmp_path: Path
+) -> None:
+    log = tmp_path / "stderr"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bots_server.cli", "serve", "--db", databases[0], "--listen", "127.0.0.1:0",
+             "--metrics-listen", "127.0.0.1:0", "--processes", "2", "--log-format", "json",
+             "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "missing.key")],
+            stderr=err, stdout=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+    try:
+        time.sleep(8)
+        assert proc.poll() is None  # the supervisor goes on retrying
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        port = next(int(e["metrics_port"]) for e in lines if e.get("message") == "supervising")
+        text = metrics(port)
+        assert "bots_server_processes_up 0.0" in text and "bots_server_processes 2.0" in text
+        exits = [e for e in lines if e.get("message") == "server process exited; starting it again"]
+        # 1, 2 and 4 s apart: at most 3 exits a process in 8 s (without the
+        # backoff: one a second, 14 in all).
+        assert 2 <= len(exits) <= 6, exits
+        assert sorted({e["restart_in_seconds"] for e in exits})[:2] == [1.0, 2.0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def test_a_sighup_while_processes_start_does_not_kill_them(databases: tuple[str, str]) -> None:
+    server = ServerProcess(databases[0], processes=2)
+    server.start()
+    pids = children(server.proc.pid)  # type: ignore[union-attr]
+    try:
+        for _ in range(3):  # reloads the credentials: a no-op without a file, and never fatal
+            server.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+            time.sleep(0.3)
+        assert children(server.proc.pid) == pids  # type: ignore[union-attr]
+        assert "bots_server_process_restarts_total 0.0" in metrics(server.metrics_port)
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_process_killed_at_the_shutdown_deadline_fails_the_exit_code(databases: tuple[str, str]) -> None:
+    server = ServerProcess(
+        databases[0], processes=2,
+        extra_args=["--shutdown-seconds", "2", "--grace-seconds", "1", "--process-stall-seconds", "0"],
+    ).start()  # fmt: skip
+    victim = children(server.proc.pid)[0]  # type: ignore[union-attr]
+    os.kill(victim, signal.SIGSTOP)  # it cannot stop by itself
+    assert server.stop() == 128 + signal.SIGKILL
+    killed = [e for e in server.log_lines if e.get("message") == "server process did not stop in time; killing it"]
+    assert [e["pid"] for e in killed] == [victim]

@@ -40,7 +40,7 @@ from bots_server.service.credentials import Credentials, CredentialsFile, static
 from bots_server.service.interceptors import MetricsInterceptor, RequestIdInterceptor
 from bots_server.service.rpc_names import GO_CODE_NAMES, method_labels
 from bots_server.service.servicer import TaskSelectorServicer
-from bots_server.service.supervisor import SUPERVISED_ENV
+from bots_server.service.supervisor import HEARTBEAT_ENV, HEARTBEAT_SECONDS, SUPERVISED_ENV
 from bots_server.settings import ServerSettings, split_host_port
 from bots_server.store import DatabaseInUse, UnsupportedDatabase, open_store
 
@@ -330,11 +330,31 @@ async def serve(settings: ServerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
     loop.add_signal_handler(signal.SIGHUP, server.reload_credentials)
+    await server.start()
+    beating = _heartbeat(os.environ.get(HEARTBEAT_ENV, ""))
     await stop.wait()
     _exit_unless_stopped_within(settings.shutdown_seconds)
+    if beating is not None:
+        beating.cancel()
     await server.stop()
+
+
+def _heartbeat(path: str) -> asyncio.Task[None] | None:
+    """Under a supervisor: touch `path` every HEARTBEAT_SECONDS from the
+    event loop, which tells the supervisor that this process still serves
+    (a process whose loop stopped is killed and started again)."""
+    if not path:
+        return None
+
+    async def beat() -> None:
+        heartbeat = Path(path)
+        while True:
+            with contextlib.suppress(OSError):  # a file gone reads as a process starting: never a false kill
+                heartbeat.touch()
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    return asyncio.create_task(beat(), name="heartbeat")
 
 
 # The exit code of a shutdown that did not finish in time (1 and 2 are

@@ -6,9 +6,12 @@ so `serve` starts N of them, each a plain `serve` process, all listening on
 the same address with SO_REUSEPORT: the kernel spreads the connections over
 them. This supervisor holds the address for them (a bound socket that never
 listens, so port 0 resolves once and a port in use fails at start), starts
-them, starts again one that exits, forwards SIGTERM, SIGINT and SIGHUP, and
-serves one /metrics endpoint: each process's series, labelled
-`process="<index>"`, plus its own.
+them, starts again one that exits (waiting longer after each quick exit, up to
+30 s, so a server that cannot start does not spin), kills and starts again
+one whose event loop stopped (its heartbeat file not touched for
+--process-stall-seconds), forwards SIGTERM, SIGINT and SIGHUP, and serves
+one /metrics endpoint: each process's series, labelled `process="<index>"`,
+plus its own.
 
 A process dies with the supervisor (PR_SET_PDEATHSIG), so killing the
 supervisor stops the whole server as killing one process would.
@@ -19,17 +22,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -40,10 +47,20 @@ log = logging.getLogger(__name__)
 # Set in a supervised process's environment to the number of processes: it
 # listens with SO_REUSEPORT and sizes its helper threads by its share of cores.
 SUPERVISED_ENV = "BOTS_SUPERVISED"
+# Set to the file a supervised process touches every HEARTBEAT_SECONDS from
+# its event loop once it serves (service/server.py).
+HEARTBEAT_ENV = "BOTS_HEARTBEAT_FILE"
+HEARTBEAT_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1
-# A process that exits this soon after its start is not restarted in a loop
-# faster than this.
+# A process that exits within _STABLE_S of its start is started again after
+# _RESTART_DELAY_S, then twice as long after each further quick exit, up to
+# _RESTART_DELAY_MAX_S: a server that cannot start (a bad certificate, a
+# database that refuses it) retries without spinning a core.
 _RESTART_DELAY_S = 1.0
+_RESTART_DELAY_MAX_S = 30.0
+_STABLE_S = 30.0
+# The series the supervisor adds to its processes' (alerts may use them).
+SUPERVISOR_SERIES = ("bots_server_processes", "bots_server_processes_up", "bots_server_process_restarts_total")
 
 
 def process_count(settings: ServerSettings, usable_cores: int) -> int:
@@ -63,10 +80,19 @@ def process_count(settings: ServerSettings, usable_cores: int) -> int:
 
 def _reserve(address: str, what: str) -> tuple[socket.socket, str, int]:
     """A bound, never-listening SO_REUSEPORT socket on `address`: the
-    processes bind the same port beside it. Fails if another server holds it
-    without SO_REUSEPORT (every other server does)."""
+    processes bind the same port beside it. Fails if anything holds the
+    port, another supervised server included: the port is first bound
+    without SO_REUSEPORT, which would otherwise let this server join the
+    other's sockets and take part of its connections to another database."""
     host, port = split_host_port(address, what)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections in TIME_WAIT hold nothing
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise SystemExit(f"bots-server: cannot listen on {address}: {e.strerror}") from None
+        port = probe.getsockname()[1]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
@@ -84,10 +110,13 @@ def _free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the supervisor dies."""
+def _before_exec() -> None:
+    """In the child, before exec: SIGKILL when the supervisor dies, and
+    SIGHUP ignored (kept across exec) until the server installs its own
+    handler: a SIGHUP forwarded while the process starts must not kill it."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 class _ProcessMetrics(Collector):
@@ -98,12 +127,14 @@ class _ProcessMetrics(Collector):
 
     def collect(self) -> Iterable[Metric]:
         merged: dict[str, Metric] = {}
+        answered = 0
         for index, port in sorted(self.ports.items()):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2.0) as response:
                     text = response.read().decode()
             except OSError:
-                continue  # starting or restarting: bots_server_processes_up says how many answered
+                continue  # starting, restarting or stalled: bots_server_processes_up counts the others
+            answered += 1
             for family in text_string_to_metric_families(text):
                 into = merged.get(family.name)
                 if into is None:
@@ -111,6 +142,9 @@ class _ProcessMetrics(Collector):
                 for sample in family.samples:
                     into.samples.append(sample._replace(labels={**sample.labels, "process": str(index)}))
         yield from merged.values()
+        yield GaugeMetricFamily(
+            "bots_server_processes_up", "server processes whose /metrics answered this scrape", value=answered
+        )
 
 
 class Supervisor:
@@ -129,6 +163,7 @@ class Supervisor:
             self.health_listen = f"{health_host}:{health_port}"
         self.metrics_ports = {i: _free_loopback_port() for i in range(count)} if settings.metrics_listen else {}
         self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self._heartbeats = Path(tempfile.mkdtemp(prefix="bots-heartbeats-"))
         self.stopping = threading.Event()
         self.registry = CollectorRegistry()
         self.registry.register(_ProcessMetrics(self.metrics_ports))
@@ -146,11 +181,14 @@ class Supervisor:
         # argparse keeps the last occurrence of a flag: the overrides win.
         return [sys.executable, "-m", "bots_server.cli", *self.argv, *overrides]
 
-    def _start(self, index: int) -> None:
-        import os
+    def _heartbeat(self, index: int) -> Path:
+        return self._heartbeats / f"process-{index}"
 
-        env = {**os.environ, SUPERVISED_ENV: str(self.count)}
-        self.children[index] = subprocess.Popen(self._command(index), env=env, preexec_fn=_die_with_parent)
+    def _start(self, index: int) -> None:
+        heartbeat = self._heartbeat(index)
+        heartbeat.unlink(missing_ok=True)  # a new process is starting, not stalled, until its first beat
+        env = {**os.environ, SUPERVISED_ENV: str(self.count), HEARTBEAT_ENV: str(heartbeat)}
+        self.children[index] = subprocess.Popen(self._command(index), env=env, preexec_fn=_before_exec)
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -174,18 +212,67 @@ class Supervisor:
         return code
 
     def _watch(self) -> None:
-        """Start again each process that exits, until told to stop."""
-        started = {index: time.monotonic() for index in self.children}
+        """Start again each process that exits, and kill one that stalled,
+        until told to stop."""
+        now = time.monotonic()
+        started = dict.fromkeys(self.children, now)
+        delays = dict.fromkeys(self.children, _RESTART_DELAY_S)
+        due: dict[int, float] = {}  # process index -> when to start it again
+        beats = dict.fromkeys(self.children, (0.0, now))  # last heartbeat mtime, when it was first seen
         while not self.stopping.wait(0.2):
+            now = time.monotonic()
             for index, child in list(self.children.items()):
-                code = child.poll()
-                if code is None or self.stopping.is_set():
+                if self.stopping.is_set():
+                    return
+                if index in due:
+                    if now >= due[index]:
+                        del due[index]
+                        self.restarts.inc()
+                        self._start(index)
+                        started[index], beats[index] = now, (0.0, now)
                     continue
-                log.error("server process exited; starting it again", extra={"process_index": index, "exit_code": code})
-                time.sleep(max(0.0, _RESTART_DELAY_S - (time.monotonic() - started[index])))
-                self.restarts.inc()
-                self._start(index)
-                started[index] = time.monotonic()
+                code = child.poll()
+                if code is None:
+                    beats[index] = self._check_beat(index, child, beats[index], now)
+                    continue
+                if now - started[index] >= _STABLE_S:
+                    delays[index] = _RESTART_DELAY_S
+                delay = delays[index]
+                delays[index] = min(2 * delay, _RESTART_DELAY_MAX_S)
+                due[index] = now + delay
+                log.error(
+                    "server process exited; starting it again",
+                    extra={"process_index": index, "exit_code": code, "restart_in_seconds": delay},
+                )
+
+    def _check_beat(
+        self, index: int, child: subprocess.Popen[bytes], last: tuple[float, float], now: float
+    ) -> tuple[float, float]:
+        """The process's last heartbeat (file mtime, when first seen); kills
+        the process if a heartbeat it began has not moved for
+        --process-stall-seconds (the next poll starts it again). The file's
+        time is only compared with itself, so a clock step is harmless."""
+        try:
+            mtime = self._heartbeat(index).stat().st_mtime
+        except FileNotFoundError:
+            return last  # still starting
+        if mtime != last[0]:
+            return (mtime, now)
+        stalled = now - last[1]
+        limit = self.settings.process_stall_seconds
+        if limit > 0 and stalled > limit:
+            log.error(
+                "server process stopped: its event loop has not run for %.0f s; killing it (its threads' stacks "
+                "follow) and starting it again",
+                stalled,
+                extra={"process_index": index, "pid": child.pid, "process_stall_seconds": limit},
+            )
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack, even with Python stuck
+                time.sleep(0.2)
+                child.kill()
+            return (mtime, now)
+        return last
 
     def _signal_all(self, sig: int) -> None:
         for child in self.children.values():
@@ -198,14 +285,33 @@ class Supervisor:
         self._signal_all(signal.SIGTERM)
         deadline = time.monotonic() + self.settings.shutdown_seconds + 5.0
         codes = []
-        for child in self.children.values():
+        for index, child in self.children.items():
             try:
                 codes.append(child.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
+                log.error(
+                    "server process did not stop in time; killing it",
+                    extra={
+                        "process_index": index,
+                        "pid": child.pid,
+                        "shutdown_seconds": self.settings.shutdown_seconds,
+                    },
+                )
                 child.kill()
                 codes.append(child.wait())
         self._socket.close()
         if self._health_socket is not None:
             self._health_socket.close()
+        shutil.rmtree(self._heartbeats, ignore_errors=True)
         log.info("stopped")
-        return max((c for c in codes if c > 0), default=0)
+        return max((_exit_status(c) for c in codes), default=0)
+
+
+def _exit_status(code: int) -> int:
+    """A process's part in the supervisor's exit status. Ended by SIGTERM or
+    SIGINT before it handled them (still starting): stopped as asked, 0. By
+    another signal (killed above at the deadline, or by the kernel) as the
+    shell reports it: 128 + the signal."""
+    if code in (-signal.SIGTERM, -signal.SIGINT):
+        return 0
+    return 128 - code if code < 0 else code
