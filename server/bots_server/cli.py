@@ -50,7 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
     from bots_server.core import allocator
     from bots_server.errors import Unavailable
     from bots_server.service.server import serve, usable_cores
-    from bots_server.service.supervisor import Supervisor, process_count
+    from bots_server.service.supervisor import SUPERVISED_ENV, Supervisor, process_count
 
     allocator.configure()
     # Until the server (or the supervisor) handles SIGHUP (re-read the
@@ -60,7 +60,9 @@ def _serve(args: argparse.Namespace) -> int:
     # where a server that does not answer (or does not stop) is waiting.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = settings.from_args(args)
-    logs.configure(config.log_level, config.log_format, config.audit_log, config.log_queue_lines)
+    # A supervisor's processes share its stderr: each line must be one atomic write.
+    shared = bool(os.environ.get(SUPERVISED_ENV))
+    logs.configure(config.log_level, config.log_format, config.audit_log, config.log_queue_lines, shared)
     processes = process_count(config, usable_cores())
     try:
         if processes > 1:

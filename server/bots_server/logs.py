@@ -13,6 +13,7 @@ import contextvars
 import datetime as dt
 import json
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -45,8 +46,54 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-class JsonFormatter(logging.Formatter):
+# A line longer than this is cut (see _Shortening) when several processes
+# share the stream: one write of it could not be atomic (PIPE_BUF, 4096
+# bytes with the newline), and another process's line would land inside it.
+SHARED_LINE_BYTES = 4095
+
+
+def _cut(text: str, excess: int, size: Callable[[str], int]) -> str:
+    """`text` less at least `excess` bytes (as `size` counts them) from its
+    middle, marked: a traceback keeps its first frames and the error at its end."""
+    per_character = size(text) / max(1, len(text))
+    keep = max(0, len(text) - math.ceil(excess / per_character) - 32)
+    cut = len(text) - keep
+    return f"{text[: keep // 2]} ...[{cut} characters cut]... {text[len(text) - (keep - keep // 2) :]}"
+
+
+def _size(line: str) -> int:
+    return len(line) if line.isascii() else len(line.encode())
+
+
+def _json_size(text: str) -> int:
+    return len(json.dumps(text))  # escapes and \uXXXX: ASCII
+
+
+class _Shortening(logging.Formatter):
+    """Keeps each line within `max_bytes` (None: any length) by cutting the
+    middle of its longest part."""
+
+    def __init__(self, *args: Any, max_bytes: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_bytes = max_bytes
+
+
+class JsonFormatter(_Shortening):
     def format(self, record: logging.LogRecord) -> str:
+        entry = self._entry(record)
+        line = json.dumps(entry, default=str)
+        if self.max_bytes is None or _size(line) <= self.max_bytes:
+            return line
+        entry["truncated_bytes"] = _size(line)
+        for _ in range(8):  # each pass cuts the longest text; escapes and non-ASCII may need another
+            longest = max((k for k, v in entry.items() if isinstance(v, str)), key=lambda k: len(entry[k]))
+            entry[longest] = _cut(entry[longest], _size(line) - self.max_bytes, _json_size)
+            line = json.dumps(entry, default=str)
+            if _size(line) <= self.max_bytes:
+                break
+        return line
+
+    def _entry(self, record: logging.LogRecord) -> dict[str, Any]:
         # RFC 3339 in UTC with milliseconds: sortable, and what Loki, Elastic
         # and Cloud Logging parse without a custom pattern.
         time = dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds")
@@ -59,18 +106,21 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return entry
 
 
-class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+class TextFormatter(_Shortening):
+    def __init__(self, max_bytes: int | None = None) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", max_bytes=max_bytes)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         fields = _fields(record)
         if fields:
             text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        # The whole record, traceback lines and all: it is written at once.
+        while self.max_bytes is not None and _size(text) > self.max_bytes:
+            text = _cut(text, _size(text) - self.max_bytes, _size)
         return text
 
 
@@ -87,7 +137,8 @@ WRITE_INTERVAL_SECONDS = 0.05
 # write each (stderr is line-buffered), not one per line (each write hands
 # the GIL back and forth with the event loop), and no longer than PIPE_BUF
 # on Linux, so processes sharing a pipe never cut into each other's lines.
-# A longer line is written alone, as a plain handler would.
+# A longer line is written alone, as a plain handler would (under a
+# supervisor no line is longer: SHARED_LINE_BYTES).
 CHUNK_BYTES = 4096
 
 
@@ -234,12 +285,17 @@ def flush(timeout: float = FLUSH_SECONDS) -> None:
 AUDIT_LEVELS = ("all", "experiments", "off")
 
 
-def configure(level: str, fmt: str, audit: str = "all", queue_lines: int = QUEUE_LINES) -> None:
+def configure(
+    level: str, fmt: str, audit: str = "all", queue_lines: int = QUEUE_LINES, shared_stream: bool = False
+) -> None:
     """`audit`: which audit lines to keep (core/audit.py): all, experiments
-    (no line per training step) or off. `queue_lines`: see QueuedStreamHandler."""
+    (no line per training step) or off. `queue_lines`: see QueuedStreamHandler.
+    `shared_stream`: other processes write to the same stderr (the server
+    processes of one supervisor), so each line is kept within SHARED_LINE_BYTES."""
     global _handler
     handler = QueuedStreamHandler(sys.stderr, queue_lines)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    max_bytes = SHARED_LINE_BYTES if shared_stream else None
+    handler.setFormatter(JsonFormatter(max_bytes=max_bytes) if fmt == "json" else TextFormatter(max_bytes))
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     for old in root.handlers:

@@ -10,6 +10,8 @@ import logging
 import threading
 import time
 
+import pytest
+
 from bots_server import logs
 
 
@@ -104,3 +106,44 @@ def test_writes_are_whole_lines_no_longer_than_pipe_buf_but_a_long_line() -> Non
         assert len(text.encode()) <= logs.CHUNK_BYTES or text.count("\n") == 1
     assert [json.loads(line)["message"] for line in stream.getvalue().splitlines()] == words
     assert len(stream.writes) < len(words) / 5  # lines go out together, not one write each
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_under_a_supervisor_every_record_is_one_atomic_write_with_its_ends_kept(fmt: str) -> None:
+    # The processes of one supervisor share its stderr: a record longer than
+    # PIPE_BUF (an "unexpected error" with its traceback is 5-10 KB) would be
+    # written in pieces, and another process's line would land inside it.
+    stream = RecordingStream()
+    logger, handler = handler_on(stream, capacity=1000)
+    cap = logs.SHARED_LINE_BYTES
+    handler.setFormatter(logs.JsonFormatter(max_bytes=cap) if fmt == "json" else logs.TextFormatter(cap))
+
+    def deep(n: int) -> None:
+        # A chain of causes: each level adds a traceback of its own (a plain
+        # recursion would be compacted to "[Previous line repeated ...]").
+        if not n:
+            raise KeyError("the first cause")
+        try:
+            deep(n - 1)
+        except KeyError as e:
+            raise (ValueError if n == 60 else KeyError)("the error at the end é" if n == 60 else f"level {n}") from e
+
+    try:
+        deep(60)
+    except ValueError:
+        logger.exception("unexpected error in ReportOutcomes", extra={"request_id": "r-1"})
+    logger.info("ü" * 5000)
+    logger.info("short")
+    handler.close()
+    assert all(len(text.encode()) <= cap + 1 for text in stream.writes)
+    if fmt == "json":
+        error, wide, short = (json.loads(line) for line in stream.getvalue().splitlines())
+        assert error["message"] == "unexpected error in ReportOutcomes" and error["request_id"] == "r-1"
+        assert error["exception"].startswith("Traceback") and error["exception"].endswith("the error at the end é")
+        assert "characters cut]" in error["exception"] and error["truncated_bytes"] > cap
+        assert wide["message"].startswith("ü") and "truncated_bytes" in wide
+        assert short == {k: short[k] for k in ("time", "level", "logger", "message")} and short["message"] == "short"
+    else:
+        text = stream.getvalue()
+        assert "unexpected error in ReportOutcomes" in text and "the error at the end é" in text
+        assert "characters cut]" in text and text.endswith("short\n")
