@@ -641,9 +641,9 @@ def test_a_background_report_failure_surfaces_at_the_next_batch(
         # The failure is logged by the future's done-callback, on the
         # reporting thread, which may run just after the error was raised here.
         deadline = time.monotonic() + 10
-        while "running in the background failed" not in caplog.text and time.monotonic() < deadline:
+        while "the report of batch 0, running in the background, failed" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert "running in the background failed" in caplog.text
+    assert "the report of batch 0, running in the background, failed" in caplog.text
     assert sampler.wait() == []  # raised once; nothing left behind
 
 

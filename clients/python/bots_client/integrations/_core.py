@@ -639,7 +639,8 @@ class Curriculum:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bots-report")
         future = self._executor.submit(self._report_groups, parts, ahead)
-        future.add_done_callback(_log_failure)
+        numbers = [selected.number for selected, _ in parts]
+        future.add_done_callback(lambda done: _log_failure(done, numbers))
         self._background = future
         return future
 
@@ -879,12 +880,18 @@ class Curriculum:
         self._open.pop(batch_id, None)
 
 
-def _log_failure(future: Future[list[ReportResult]]) -> None:
-    """A background report's failure, logged when it happens (it is raised
-    again by the next select or wait)."""
+def _log_failure(future: Future[list[ReportResult]], numbers: Sequence[int]) -> None:
+    """A background report's failure, logged when it happens: it is raised
+    again by the next select, wait or checkpoint, but a run that ends first
+    never raises it, and this line is then all that says so."""
     error = future.exception()
     if error is not None:
-        log.error("a report running in the background failed; the next batch will raise it: %s", error)
+        log.error(
+            "the report of batch %s, running in the background, failed; the next batch, wait() or checkpoint "
+            "raises it (if training ends first, nothing does: these outcomes are not on the server): %s",
+            ", ".join(map(str, numbers)),
+            error,
+        )
 
 
 def address_and_experiment(options: Mapping[str, Any], who: str, where: str) -> tuple[str, str]:
