@@ -5,7 +5,11 @@ waiting and exits with code 3, and no acknowledged outcome is lost."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -13,6 +17,7 @@ import pytest
 import bots_client
 from bots_client import Task
 from bots_server.service.server import EXIT_SHUTDOWN_TIMEOUT
+from bots_server.store.postgresql import MIGRATION_LOCK_KEY
 from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, pg_conninfo, require_postgres
 
 SHUTDOWN_SECONDS = 4.0
@@ -55,4 +60,41 @@ def test_a_stop_stuck_on_a_lock_ends_with_every_stack_logged() -> None:
             assert again.stop() == 0
     finally:
         server.kill()
+        drop_pg_database(url)
+
+
+def test_a_stop_while_the_start_waits_for_the_migration_lock_keeps_its_deadline(tmp_path: Path) -> None:
+    # Another migration holds the schema lock; the deadline of a SIGTERM
+    # that arrives meanwhile (a pod deleted at once) runs from the signal.
+    # Before, it ran only once the start was done: 26.5 s after a SIGTERM
+    # with --shutdown-seconds 5 while the lock was held 30 s.
+    require_postgres()
+    url = create_pg_database("bots_stop_in_start")
+    stderr = tmp_path / "stderr"
+    proc = None
+    try:
+        with psycopg.connect(pg_conninfo(url)) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+            with stderr.open("w") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "bots_server.cli", "serve", "--db", url, "--listen", "127.0.0.1:0",
+                     "--metrics-listen", "", "--log-format", "json", "--processes", "1", *ARGS],
+                    stderr=err, stdout=subprocess.DEVNULL,
+                )  # fmt: skip
+            deadline = time.monotonic() + 60
+            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            while holder.execute(waiting).fetchone() != (1,):  # the migration waits for the lock
+                assert proc.poll() is None and time.monotonic() < deadline, stderr.read_text()
+                time.sleep(0.1)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(SHUTDOWN_SECONDS + 20)
+            took = time.monotonic() - started
+        assert code == EXIT_SHUTDOWN_TIMEOUT
+        assert SHUTDOWN_SECONDS <= took < SHUTDOWN_SECONDS + 5
+        assert "shutdown did not finish; exiting" in stderr.read_text()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
         drop_pg_database(url)

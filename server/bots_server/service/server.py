@@ -331,10 +331,20 @@ async def serve(settings: ServerSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.reload_credentials)
-    await server.start()
-    beating = _heartbeat(os.environ.get(HEARTBEAT_ENV, ""))
-    await stop.wait()
-    _exit_unless_stopped_within(settings.shutdown_seconds)
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    beating = None
+    if stop.is_set():
+        # Stopped while starting (a migration waiting for another's lock):
+        # the deadline runs from the signal, not from the end of the start.
+        _exit_unless_stopped_within(settings.shutdown_seconds)
+        await starting
+    else:
+        await starting  # raises what the start raised
+        beating = _heartbeat(os.environ.get(HEARTBEAT_ENV, ""))
+        await stopping
+        _exit_unless_stopped_within(settings.shutdown_seconds)
     if beating is not None:
         beating.cancel()
     await server.stop()

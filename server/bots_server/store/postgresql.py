@@ -30,7 +30,7 @@ from bots_server.store.sql_statements import (
 
 # pg_advisory_lock key ("bots" in ASCII): serializes schema upgrades, so that
 # replicas starting together (or migrate init containers) do not race on DDL.
-_MIGRATION_LOCK_KEY = 0x626F7473
+MIGRATION_LOCK_KEY = 0x626F7473
 _LOCK_TENANT = sa.text("SELECT pg_advisory_xact_lock(:key)")
 
 
@@ -119,7 +119,7 @@ class PostgresStore(SqlStore):
     @contextmanager
     def _migration_lock(self) -> Iterator[None]:
         with self.engine.connect() as conn:
-            conn.exec_driver_sql(f"SELECT pg_advisory_lock({_MIGRATION_LOCK_KEY})")
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
             conn.commit()
             try:
                 yield
@@ -127,7 +127,7 @@ class PostgresStore(SqlStore):
                 # The lock belongs to the session, and pooled connections
                 # outlive this call: release it explicitly.
                 with suppress(exc.DBAPIError):
-                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_MIGRATION_LOCK_KEY})")
+                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
                     conn.commit()
 
 
