@@ -12,13 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import bots_client
 from bots_client import Task
+from bots_server.testing.postgres import PG_ADMIN_DSN
 from tests.support.pgcluster import PgCluster
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, require_postgres
 
 
 @pytest.fixture
@@ -165,3 +167,39 @@ def test_a_trainer_rides_through_a_hung_database(cluster: PgCluster) -> None:
     finally:
         server.stop()
         reference.stop()
+
+
+def test_a_read_only_database_is_down_and_calls_are_retryable() -> None:
+    # A failover that leaves the address on a standby: reads work, every
+    # write fails. The server was SERVING and answered writes with INTERNAL,
+    # which clients do not retry; now readiness turns NOT_SERVING and calls
+    # answer UNAVAILABLE until the database takes writes again.
+    require_postgres()
+    url = create_pg_database("bots_read_only")
+    name = url.rsplit("/", 1)[1]
+    server = ServerProcess(url).start()
+
+    def switch(read_only: bool) -> None:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+            setting = "SET default_transaction_read_only = on" if read_only else "RESET default_transaction_read_only"
+            admin.execute(f'ALTER DATABASE "{name}" {setting}')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+    try:
+        client = bots_client.Client(server.address)
+        client.create_experiment("e")
+        client.add_tasks("e", [Task(f"t{i}") for i in range(20)])
+        first = client.select_batch("e", 4, request_key="s0")
+        switch(read_only=True)
+        assert wait_for(lambda: readiness(server.address) == health_pb2.HealthCheckResponse.NOT_SERVING, 20)
+        impatient = bots_client.Client(server.address, retry_timeout=0)
+        with pytest.raises(bots_client.UnavailableError):
+            impatient.report_outcomes("e", first.batch_id, dict.fromkeys(first.keys, (1, 2)))
+        time.sleep(3)  # reconnected by now: a ping that reads (SELECT 1) would say SERVING again
+        assert readiness(server.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+        switch(read_only=False)
+        assert wait_for(lambda: readiness(server.address) == health_pb2.HealthCheckResponse.SERVING, 20)
+        assert client.report_outcomes("e", first.batch_id, dict.fromkeys(first.keys, (1, 2))).step == 1
+    finally:
+        server.stop()
+        drop_pg_database(url)

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, Engine
 
+from bots_server.errors import Unavailable
 from bots_server.store import schema as t
 from bots_server.store.sql import SqlStore
 from bots_server.store.sql_base import ROWS_PER_PACE
@@ -80,6 +81,12 @@ class PostgresStore(SqlStore):
 
     def _check_and_insert_batch(self, conn: Connection, values: Mapping[str, Any]) -> tuple[Any, bool]:
         return conn.execute(_CHECK_AND_INSERT_BATCH, values).one(), True
+
+    def _ping(self, conn: Connection) -> None:
+        # A standby answers reads but refuses every write the service makes:
+        # it is not a database this server can serve from.
+        if conn.exec_driver_sql("SHOW transaction_read_only").scalar() == "on":
+            raise Unavailable("database is read-only (a standby?); every write would fail")
 
     def _lock_tenant(self, conn: Connection, tenant: str) -> None:
         # Released by the commit or rollback. A statement after it (READ

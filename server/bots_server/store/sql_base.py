@@ -46,9 +46,16 @@ def _translate_errors(fn: Callable[P, R]) -> Callable[P, R]:
             _count_error(args, e)
             if e.connection_invalidated:
                 raise Unavailable(f"database connection lost: {_first_line(e)}") from e
+            if getattr(e.orig, "sqlstate", None) == _READ_ONLY_SQLSTATE:
+                raise Unavailable(f"database is read-only (a standby?): {_first_line(e)}") from e
             raise
 
     return wrapper
+
+
+# PostgreSQL's read_only_sql_transaction: a write on a standby, e.g. behind an
+# address that moved to one in a failover. Retryable: the primary returns.
+_READ_ONLY_SQLSTATE = "25006"
 
 
 def error_kind(e: exc.SQLAlchemyError) -> str:
@@ -163,7 +170,10 @@ class SqlBase(Store):
     @_translate_errors
     def ping(self) -> None:
         with self.engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
+            self._ping(conn)
+
+    def _ping(self, conn: Connection) -> None:
+        conn.exec_driver_sql("SELECT 1")
 
     # -- tenant admission -------------------------------------------------
 
