@@ -128,6 +128,13 @@ def test_pods_match_what_the_server_expects(rendered: dict[str, Docs], variant: 
     assert init["args"][0] == "migrate" and init["image"] == container["image"]
     assert init["envFrom"] == container["envFrom"]
 
+    # As many server processes as cores the pod requests: the server's own
+    # default (every CPU it may use) is every CPU of the node without a CPU limit.
+    (processes,) = [e for e in container["env"] if e["name"] == "BOTS_PROCESSES"]
+    assert processes["valueFrom"]["resourceFieldRef"] == {
+        "containerName": container["name"], "resource": "requests.cpu", "divisor": "1"
+    }  # fmt: skip
+
     # Locked down and sized.
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     for c in (container, init):
