@@ -144,6 +144,13 @@ ENGINES: tuple[Method, ...] = (
         settings=(("track_prediction", 0.5), _EXPECTED, ("keep_successes", 1.0)),
     ),
     Method(
+        "bots-expected-keep-lam0.3",
+        "BOTS + expected, successes kept, failures forgotten at lambda=0.3",
+        forgetting=0.3,
+        group="engine",
+        settings=(_EXPECTED, ("keep_successes", 1.0)),
+    ),
+    Method(
         "bots-all",
         "BOTS + all three (tracking 0.5, lambda=0.05)",
         forgetting=0.05,
