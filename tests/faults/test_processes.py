@@ -253,6 +253,9 @@ def test_a_process_killed_at_the_shutdown_deadline_fails_the_exit_code(databases
     ).start()  # fmt: skip
     victim = children(server.proc.pid)[0]  # type: ignore[union-attr]
     os.kill(victim, signal.SIGSTOP)  # it cannot stop by itself
+    started = time.monotonic()
+    assert "bots_server_processes_up 1.0" in metrics(server.metrics_port)  # the other one answers
+    assert time.monotonic() - started < 4  # within one process's timeout (2 s), not waiting on it first
     assert server.stop() == 128 + signal.SIGKILL
     killed = [e for e in server.log_lines if e.get("message") == "server process did not stop in time; killing it"]
     assert [e["pid"] for e in killed] == [victim]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import http.client
 import logging
 import os
 import shutil
@@ -33,6 +34,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -119,22 +121,32 @@ def _before_exec() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
+def _scrape(port: int) -> str | None:
+    """A process's /metrics, or None if it does not answer within 2 s."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2.0) as response:
+            return str(response.read().decode())
+    except (OSError, http.client.HTTPException):  # not started, gone, or killed mid-answer
+        return None
+
+
 class _ProcessMetrics(Collector):
     """Every process's /metrics, each series labelled with its process index."""
 
     def __init__(self, ports: dict[int, int]) -> None:
         self.ports = ports
+        # All at once: a scrape waits for the slowest process, not for the
+        # sum of them (a stalled one takes the whole timeout).
+        self._fetcher = ThreadPoolExecutor(max_workers=max(1, len(ports)), thread_name_prefix="bots-scrape")
 
     def collect(self) -> Iterable[Metric]:
         merged: dict[str, Metric] = {}
-        answered = 0
-        for index, port in sorted(self.ports.items()):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2.0) as response:
-                    text = response.read().decode()
-            except OSError:
+        ordered = sorted(self.ports.items())
+        texts = list(self._fetcher.map(lambda item: _scrape(item[1]), ordered))
+        answered = sum(text is not None for text in texts)
+        for (index, _port), text in zip(ordered, texts):
+            if text is None:
                 continue  # starting, restarting or stalled: bots_server_processes_up counts the others
-            answered += 1
             for family in text_string_to_metric_families(text):
                 into = merged.get(family.name)
                 if into is None:
