@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import http.client
 import logging
 import os
@@ -112,12 +113,15 @@ def _free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _before_exec() -> None:
-    """In the child, before exec: SIGKILL when the supervisor dies, and
-    SIGHUP ignored (kept across exec) until the server installs its own
-    handler: a SIGHUP forwarded while the process starts must not kill it."""
+def _before_exec(supervisor: int) -> None:
+    """In the child, before exec: SIGKILL when the supervisor dies (and exit
+    now if it died already, between the fork and here), and SIGHUP ignored
+    (kept across exec) until the server installs its own handler: a SIGHUP
+    forwarded while the process starts must not kill it."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != supervisor:
+        os._exit(1)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
@@ -200,7 +204,9 @@ class Supervisor:
         heartbeat = self._heartbeat(index)
         heartbeat.unlink(missing_ok=True)  # a new process is starting, not stalled, until its first beat
         env = {**os.environ, SUPERVISED_ENV: str(self.count), HEARTBEAT_ENV: str(heartbeat)}
-        self.children[index] = subprocess.Popen(self._command(index), env=env, preexec_fn=_before_exec)
+        self.children[index] = subprocess.Popen(
+            self._command(index), env=env, preexec_fn=functools.partial(_before_exec, os.getpid())
+        )
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
