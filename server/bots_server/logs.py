@@ -62,7 +62,12 @@ def _cut(text: str, excess: int, size: Callable[[str], int]) -> str:
 
 
 def _size(line: str) -> int:
-    return len(line) if line.isascii() else len(line.encode())
+    # As stderr writes it: a lone surrogate (an undecodable file name) as \udcff.
+    return len(line) if line.isascii() else len(line.encode(errors="backslashreplace"))
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _json_size(text: str) -> int:
@@ -85,13 +90,19 @@ class JsonFormatter(_Shortening):
         if self.max_bytes is None or _size(line) <= self.max_bytes:
             return line
         entry["truncated_bytes"] = _size(line)
-        for _ in range(8):  # each pass cuts the longest text; escapes and non-ASCII may need another
-            longest = max((k for k, v in entry.items() if isinstance(v, str)), key=lambda k: len(entry[k]))
-            entry[longest] = _cut(entry[longest], _size(line) - self.max_bytes, _json_size)
+        while True:
+            # Cut the longest field (a value that is not a string as its
+            # JSON text); each pass shortens a field of more than 64
+            # characters, so the loop ends.
+            longest = max(entry, key=lambda k: len(_as_text(entry[k])))
+            text = _as_text(entry[longest])
+            if len(text) <= 64:  # many short fields: keep what names the record
+                kept = ("time", "level", "logger", "message", "request_id", "truncated_bytes")
+                return json.dumps({k: entry[k] for k in kept if k in entry}, default=str)
+            entry[longest] = _cut(text, _size(line) - self.max_bytes, _json_size)
             line = json.dumps(entry, default=str)
             if _size(line) <= self.max_bytes:
-                break
-        return line
+                return line
 
     def _entry(self, record: logging.LogRecord) -> dict[str, Any]:
         # RFC 3339 in UTC with milliseconds: sortable, and what Loki, Elastic

@@ -87,7 +87,7 @@ SETTINGS = (
         "BOTS_PROCESS_STALL_SECONDS",
         "30",
         "with --processes above 1: a server process whose event loop has not run for this long is killed (its "
-        "threads' stacks logged) and started again; 0: never",
+        "threads' stacks logged) and started again; 0: never, else at least 3",
     ),
     Setting(
         "--database-timeout-seconds",
@@ -322,6 +322,21 @@ def _amount(text: str, what: str, zero: bool = True) -> float:
     return value
 
 
+# A process touches its heartbeat every second (service/supervisor.py): a
+# shorter limit would kill processes that are only a little late.
+MIN_PROCESS_STALL_SECONDS = 3.0
+
+
+def _stall_seconds(text: str) -> float:
+    value = _amount(text, "--process-stall-seconds")
+    if 0 < value < MIN_PROCESS_STALL_SECONDS:
+        raise ValueError(
+            f"--process-stall-seconds = {text!r} must be 0 (never) or at least {MIN_PROCESS_STALL_SECONDS:g} "
+            "(three heartbeats)"
+        )
+    return value
+
+
 def _shutdown_seconds(args: argparse.Namespace) -> float:
     if not str(args.shutdown_seconds).strip():
         return float(args.grace_seconds) + SHUTDOWN_AFTER_GRACE_SECONDS
@@ -365,7 +380,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             shutdown_seconds=_shutdown_seconds(args),
             workers=int(args.workers),
             processes=_count(args.processes, "--processes"),
-            process_stall_seconds=_amount(args.process_stall_seconds, "--process-stall-seconds"),
+            process_stall_seconds=_stall_seconds(args.process_stall_seconds),
             database_timeout_seconds=float(args.database_timeout_seconds),
             log_level=args.log_level.upper(),
             log_format=args.log_format,

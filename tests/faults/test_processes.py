@@ -183,7 +183,7 @@ def test_a_second_supervised_server_cannot_take_the_address(databases: tuple[str
 
 
 def test_a_stalled_process_is_killed_with_its_stacks_and_replaced(databases: tuple[str, str]) -> None:
-    server = ServerProcess(databases[0], processes=2, extra_args=["--process-stall-seconds", "2"]).start()
+    server = ServerProcess(databases[0], processes=2, extra_args=["--process-stall-seconds", "3"]).start()
     try:
         victim = children(server.proc.pid)[0]  # type: ignore[union-attr]
         os.kill(victim, signal.SIGSTOP)  # its event loop stops; the kernel still deals it connections
@@ -200,6 +200,25 @@ def test_a_stalled_process_is_killed_with_its_stacks_and_replaced(databases: tup
             setup(client, "after", pool=20)
             assert len(client.select_batch("after", BATCH, request_key="k").keys) == BATCH
         assert "bots_server_process_restarts_total 1.0" in metrics(server.metrics_port)
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_pause_of_the_whole_server_is_not_a_stall(databases: tuple[str, str]) -> None:
+    # SIGSTOP of the process group (Ctrl-Z, a frozen container or VM): the
+    # supervisor did not run either, so no process missed a heartbeat.
+    server = ServerProcess(databases[0], processes=2, extra_args=["--process-stall-seconds", "3"]).start()
+    try:
+        pids = children(server.proc.pid)  # type: ignore[union-attr]
+        everyone = [server.proc.pid, *pids]  # type: ignore[union-attr]
+        for pid in everyone:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(5)
+        for pid in everyone:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(3)  # the watchdog has looked several times since
+        assert children(server.proc.pid) == pids  # type: ignore[union-attr]
+        assert not any(str(e.get("message", "")).startswith("server process stopped:") for e in server.log_lines)
     finally:
         assert server.stop() == 0
 
@@ -259,3 +278,15 @@ def test_a_process_killed_at_the_shutdown_deadline_fails_the_exit_code(databases
     assert server.stop() == 128 + signal.SIGKILL
     killed = [e for e in server.log_lines if e.get("message") == "server process did not stop in time; killing it"]
     assert [e["pid"] for e in killed] == [victim]
+
+
+def test_a_stop_while_a_process_waits_to_start_again_exits_cleanly(databases: tuple[str, str]) -> None:
+    # The process's exit was logged when it happened; the stop itself went
+    # well. Before, the exit status depended on whether the stop came within
+    # the restart's delay (137) or after it (0).
+    server = ServerProcess(databases[0], processes=2).start()
+    victim = children(server.proc.pid)[0]  # type: ignore[union-attr]
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(0.5)  # seen exited, restart due in 1 s
+    assert server.stop() == 0
+    assert "server process exited; starting it again" in server.messages()

@@ -181,6 +181,10 @@ def test_a_report_with_no_outcome_raises_instead_of_vanishing(
     assert "no task outcomes to report" in caplog.text
     assert client.get_experiment(exp_name).step == 0 and client.get_experiment(exp_name).open_batches == 1
     assert cur.report(dict.fromkeys(batch.keys, (1.0, 2)), batch=batch)[0].step == 1  # the batch is still reportable
+    # Another rank's outcomes are never sent (gather=False: only the
+    # reporting rank's count), so it has nothing to lose and goes on.
+    other = Curriculum(client, exp_name, keys, batch_size=2, rank=1, world_size=2)
+    assert other.report(nothing, batch=other.select(1)) == []
 
 
 def test_replayed_batch_after_a_crash_keeps_the_first_report(

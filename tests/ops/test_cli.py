@@ -103,6 +103,23 @@ def test_stop_settings_are_checked_before_serving(
         settings.from_args(parsed)
 
 
+@pytest.mark.parametrize(
+    ("text", "limit"), [("0", 0.0), ("3", 3.0), ("45", 45.0), ("0.5", None), ("2.9", None), ("-1", None)]
+)
+def test_the_stall_limit_is_never_or_three_heartbeats(
+    text: str, limit: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Below three heartbeats (one a second) healthy processes were killed in
+    # a loop: 4 kills in 8 s at 0.5.
+    monkeypatch.delenv("BOTS_PROCESS_STALL_SECONDS", raising=False)
+    parsed = cli.build_parser().parse_args(["serve", "--process-stall-seconds", text])
+    if limit is None:
+        with pytest.raises(SystemExit, match="--process-stall-seconds"):
+            settings.from_args(parsed)
+        return
+    assert settings.from_args(parsed).process_stall_seconds == limit
+
+
 @pytest.mark.parametrize(("text", "share"), [("0", None), ("1.5", None), ("nan", None), ("0.1", 0.1), ("1", 1.0)])
 def test_bulk_share_is_a_fraction(text: str, share: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BOTS_BULK_SHARE", raising=False)

@@ -147,3 +147,26 @@ def test_under_a_supervisor_every_record_is_one_atomic_write_with_its_ends_kept(
         text = stream.getvalue()
         assert "unexpected error in ReportOutcomes" in text and "the error at the end é" in text
         assert "characters cut]" in text and text.endswith("short\n")
+
+
+def test_a_capped_json_line_fits_whatever_its_fields() -> None:
+    formatter = logs.JsonFormatter(max_bytes=logs.SHARED_LINE_BYTES)
+
+    def line(**extra: object) -> str:
+        record = logging.makeLogRecord({"name": "t", "levelno": 20, "levelname": "INFO", "msg": "m", **extra})
+        text = formatter.format(record)
+        assert len(text.encode()) <= logs.SHARED_LINE_BYTES
+        return text
+
+    big_list = json.loads(line(tasks=[f"task-{i}" for i in range(2000)]))
+    assert big_list["message"] == "m" and "characters cut]" in big_list["tasks"]
+    many = json.loads(line(**{f"field{i}": "v" * 60 for i in range(100)}))
+    assert many["message"] == "m" and many["truncated_bytes"] > logs.SHARED_LINE_BYTES
+    assert json.loads(line(path="\udcff" + "x" * 5000))["message"] == "m"
+
+
+def test_a_capped_text_line_with_an_undecodable_name_is_written() -> None:
+    formatter = logs.TextFormatter(logs.SHARED_LINE_BYTES)
+    record = logging.makeLogRecord({"name": "t", "levelno": 20, "levelname": "INFO", "msg": "file \udcff" + "y" * 5000})
+    text = formatter.format(record)
+    assert len(text.encode(errors="backslashreplace")) <= logs.SHARED_LINE_BYTES and "characters cut]" in text

@@ -345,9 +345,9 @@ async def serve(settings: ServerSettings) -> None:
         beating = _heartbeat(os.environ.get(HEARTBEAT_ENV, ""))
         await stopping
         _exit_unless_stopped_within(settings.shutdown_seconds)
+    await server.stop()  # beating on: a process draining for long is not stalled
     if beating is not None:
         beating.cancel()
-    await server.stop()
 
 
 def _heartbeat(path: str) -> asyncio.Task[None] | None:

@@ -62,6 +62,8 @@ _PR_SET_PDEATHSIG = 1
 _RESTART_DELAY_S = 1.0
 _RESTART_DELAY_MAX_S = 30.0
 _STABLE_S = 30.0
+# How often the supervisor looks at its processes.
+_WATCH_S = 0.2
 # The series the supervisor adds to its processes' (alerts may use them).
 SUPERVISOR_SERIES = ("bots_server_processes", "bots_server_processes_up", "bots_server_process_restarts_total")
 
@@ -179,6 +181,7 @@ class Supervisor:
             self.health_listen = f"{health_host}:{health_port}"
         self.metrics_ports = {i: _free_loopback_port() for i in range(count)} if settings.metrics_listen else {}
         self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self._due: dict[int, float] = {}  # process index -> when to start it again (it exited)
         self._heartbeats = Path(tempfile.mkdtemp(prefix="bots-heartbeats-"))
         self.stopping = threading.Event()
         self.registry = CollectorRegistry()
@@ -235,10 +238,16 @@ class Supervisor:
         now = time.monotonic()
         started = dict.fromkeys(self.children, now)
         delays = dict.fromkeys(self.children, _RESTART_DELAY_S)
-        due: dict[int, float] = {}  # process index -> when to start it again
+        due = self._due
         beats = dict.fromkeys(self.children, (0.0, now))  # last heartbeat mtime, when it was first seen
-        while not self.stopping.wait(0.2):
-            now = time.monotonic()
+        while not self.stopping.wait(_WATCH_S):
+            previous, now = now, time.monotonic()
+            if now - previous > _WATCH_S + 1.0:
+                # This loop did not run either (the whole server paused:
+                # SIGSTOP of the group, a frozen container or VM): that time
+                # is nobody's stall.
+                paused = now - previous - _WATCH_S
+                beats = {index: (mtime, seen + paused) for index, (mtime, seen) in beats.items()}
             for index, child in list(self.children.items()):
                 if self.stopping.is_set():
                     return
@@ -304,6 +313,8 @@ class Supervisor:
         deadline = time.monotonic() + self.settings.shutdown_seconds + 5.0
         codes = []
         for index, child in self.children.items():
+            if index in self._due:
+                continue  # it exited before the stop, and was logged then: not part of this stop
             try:
                 codes.append(child.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:

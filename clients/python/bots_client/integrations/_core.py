@@ -567,7 +567,7 @@ class Curriculum:
         """The outcomes, each open batch with its share of them; what cannot
         be attributed raises (strict) or is dropped and counted."""
         clean = {str(k): outcome_value(v) for k, v in outcomes.items()}
-        if not clean:
+        if not clean and self.is_reporter:  # another rank's outcomes are not sent: nothing is lost there
             # Every reward None (or NaN, which TRL makes of None): nothing
             # can be sent, and the batch stays open and leased until it expires.
             where = "" if batch is None else f" for batch {batch if isinstance(batch, (str, int)) else batch.number}"
