@@ -137,6 +137,20 @@ ENGINES: tuple[Method, ...] = (
         settings=(("keep_successes", 1.0),),
     ),
     Method(
+        "bots-keep-lam0.5",
+        "BOTS + successes kept, failures forgotten at lambda=0.5",
+        forgetting=0.5,
+        group="engine",
+        settings=(("keep_successes", 1.0),),
+    ),
+    Method(
+        "bots-keep-lam1",
+        "BOTS + successes kept, failures forgotten at lambda=1",
+        forgetting=1.0,
+        group="engine",
+        settings=(("keep_successes", 1.0),),
+    ),
+    Method(
         "bots-plus-keep",
         "bots-plus + successes kept (keep_successes=1)",
         forgetting=0.05,
