@@ -11,12 +11,15 @@ import sqlite3
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import bots_client
+from bots_server.testing.postgres import PG_ADMIN_DSN
 from tests.support.crash import Run, final_state, outcome, setup, train
 from tests.support.servers import ServerProcess, create_pg_database, drop_pg_database, pg_conninfo, require_postgres
 
@@ -38,14 +41,50 @@ def pg_databases() -> Iterator[list[str]]:
         drop_pg_database(url)
 
 
-def pg_dump_and_restore(original: str, made: list[str]) -> Backup:
+@pytest.fixture
+def server_role() -> Iterator[str]:
+    """A login role that is not a superuser, as the docs' `bots`: the server
+    runs as it, and the restored tables must be its own."""
+    require_postgres()
+    role = f"bots_backup_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+    yield role
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        owned = admin.execute(
+            "SELECT datname FROM pg_database d JOIN pg_roles r ON d.datdba = r.oid WHERE r.rolname = %s", (role,)
+        ).fetchall()
+        for (name,) in owned:  # its databases go first (pg_databases drops them after this)
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def as_role(url: str, role: str) -> str:
+    return url.replace("://postgres@", f"://{role}@", 1)
+
+
+def owned_database(role: str, made: list[str], prefix: str) -> str:
+    """createdb --owner=ROLE: a database of the server's role, its URL as that role."""
+    url = create_pg_database(prefix)
+    made.append(url)
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{url.rsplit("/", 1)[1]}" OWNER TO "{role}"')
+    return as_role(url, role)
+
+
+def pg_dump_and_restore(original: str, role: str, made: list[str]) -> Backup:
+    """docs/operations/upgrade-and-backup.md: pg_dump as the server's role;
+    then, as the superuser, a database owned by that role and pg_restore
+    --no-owner --role=ROLE, so that the restored tables are the role's."""
+
     def backup(folder: Path) -> str:
         dump = folder / "bots.dump"
-        subprocess.run(["pg_dump", "--format=custom", f"--file={dump}", pg_conninfo(original)], check=True, timeout=120)
-        restored = create_pg_database("bots_restored")
-        made.append(restored)
+        dump_as_role = psycopg.conninfo.make_conninfo(pg_conninfo(original), user=role)
+        subprocess.run(["pg_dump", "--format=custom", f"--file={dump}", dump_as_role], check=True, timeout=120)
+        restored = owned_database(role, made, "bots_restored")
         subprocess.run(
-            ["pg_restore", "--no-owner", "--exit-on-error", f"--dbname={pg_conninfo(restored)}", str(dump)],
+            ["pg_restore", "--no-owner", f"--role={role}", "--exit-on-error",
+             f"--dbname={pg_conninfo(restored)}", str(dump)],
             check=True, timeout=120,
         )  # fmt: skip
         return restored
@@ -76,9 +115,9 @@ def test_a_backup_taken_while_trainers_report_restores_and_continues_bit_identic
 ) -> None:
     if backend == "postgresql":
         made: list[str] = request.getfixturevalue("pg_databases")
-        original_url = create_pg_database("bots_backup")
-        made.append(original_url)
-        backup = pg_dump_and_restore(original_url, made)
+        role: str = request.getfixturevalue("server_role")
+        original_url = owned_database(role, made, "bots_backup")
+        backup = pg_dump_and_restore(original_url, role, made)
     else:
         original_db = tmp_path / "bots.db"
         original_url = f"sqlite:///{original_db}"
