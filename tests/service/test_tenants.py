@@ -25,6 +25,7 @@ import pytest
 
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
+from bots_client.security import bearer as bearer_metadata
 from bots_server.service.auth import REQUIRED_ROLE
 from bots_server.testing.tenants import bearer, credentials_file
 from tests.support.servers import ServerProcess
@@ -38,6 +39,8 @@ PRINCIPALS = {
     "b-writer": ("team-b", "writer"),
     "b-tenant-admin": ("team-b", "tenant-admin"),
 }
+# A plain token (BOTS_AUTH_TOKENS) beside the credentials file.
+PLAIN_TOKEN = "plain-token-of-the-default-tenant"
 READS = {"GetExperiment", "Snapshot", "ListGroups"}
 CHANGES = {
     "CreateExperiment", "ForkExperiment", "RestoreExperiment", "DeleteExperiment", "AddTasks", "SelectBatch",
@@ -54,7 +57,9 @@ def tenant_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     tmp = tmp_path_factory.mktemp("tenants")
     url = f"sqlite:///{tmp / 'tenants.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
     creds = credentials_file(tmp / "credentials.toml", PRINCIPALS)
-    server = ServerProcess(url, extra_args=["--credentials-file", str(creds)]).start()
+    server = ServerProcess(
+        url, extra_args=["--credentials-file", str(creds)], env={"BOTS_AUTH_TOKENS": PLAIN_TOKEN}
+    ).start()
     yield server
     server.stop()
 
@@ -219,6 +224,26 @@ def test_list_shows_a_tenant_only_its_own(callers: Callable[[str], Caller]) -> N
     assert theirs in listed_b and mine not in listed_b and all("/" not in n for n in listed_b)
     everything = names(admin)
     assert mine in everything and f"team-b/{theirs}" in everything
+
+
+def test_a_plain_token_is_the_default_tenants_admin_and_no_other_tenants(
+    tenant_server: ServerProcess, callers: Callable[[str], Caller]
+) -> None:
+    # It was the platform's admin: a shared trainer token listed and read
+    # every team's experiments once a credentials file added teams.
+    theirs = f"theirs-{uuid.uuid4().hex[:8]}"
+    assert callers("b-writer").call("CreateExperiment", pb.CreateExperimentRequest(name=theirs))[0] == OK
+    plain = bearer_metadata(PLAIN_TOKEN)
+    with grpc.insecure_channel(tenant_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        with pytest.raises(grpc.RpcError) as denied:
+            stub.GetExperiment(pb.GetExperimentRequest(name=f"team-b/{theirs}"), metadata=plain, timeout=20)
+        assert denied.value.code() == DENIED
+        own = f"own-{uuid.uuid4().hex[:8]}"
+        stub.CreateExperiment(pb.CreateExperimentRequest(name=own), metadata=plain, timeout=20)
+        stub.DeleteExperiment(pb.DeleteExperimentRequest(name=own), metadata=plain, timeout=20)  # its tenant's admin
+        listed = stub.ListExperiments(pb.ListExperimentsRequest(page_size=1000), metadata=plain, timeout=20)
+        assert all("/" not in e.name for e in listed.experiments) and theirs not in {e.name for e in listed.experiments}
 
 
 def test_lineage_is_shown_like_any_name_and_withheld_across_tenants(callers: Callable[[str], Caller]) -> None:
@@ -402,6 +427,6 @@ def test_sqlite_shared_by_tenants_warns_at_start(tenant_server: ServerProcess) -
     stalls the others' reports, so the operator is told at start."""
     warned = [m for m in tenant_server.messages() if "share this server on SQLite" in m]
     if tenant_server.db_url.startswith("sqlite"):
-        assert warned and warned[0].startswith("2 tenants"), tenant_server.messages()[:5]
+        assert warned and warned[0].startswith("3 tenants"), tenant_server.messages()[:5]  # team-a, team-b and the plain token's default
     else:
         assert not warned

@@ -138,7 +138,10 @@ def static_credentials(tokens: frozenset[str], default_quotas: Quotas) -> Creden
 
 
 def _static_admin(i: int) -> Principal:
-    return Principal(f"token-{i + 1}", tenancy.DEFAULT_TENANT, Role.ADMIN)
+    """A plain token (BOTS_AUTH_TOKENS, --auth-tokens-file): the admin of the
+    tenant `default`, never of the others. A shared trainer token must not
+    reach every team's experiments once a credentials file adds teams."""
+    return Principal(f"token-{i + 1}", tenancy.DEFAULT_TENANT, Role.TENANT_ADMIN)
 
 
 def _table(value: Any, where: str) -> dict[str, Any]:
