@@ -27,7 +27,7 @@ def test_tls_and_credentials_from_secrets(tmp_path: Path) -> None:
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
     container = server_container(docs)
     pod = one(docs, "Deployment", "bots-server")["spec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}  # BOTS_PROCESSES: from the CPU request
     assert set(env) <= SETTING_ENVS, set(env) - SETTING_ENVS
 
     # The probes reach the health-only plaintext port the server opens.
