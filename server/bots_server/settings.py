@@ -153,6 +153,13 @@ SETTINGS = (
     ),
     Setting("--max-stream-mb", "BOTS_MAX_STREAM_MB", "256", "megabytes one AddTasks or RestoreExperiment stream may carry"),
     Setting(
+        "--stream-idle-seconds",
+        "BOTS_STREAM_IDLE_SECONDS",
+        "60",
+        "an AddTasks or RestoreExperiment stream that sends nothing this long is ended (RESOURCE_EXHAUSTED) and the "
+        "memory held for it freed",
+    ),
+    Setting(
         "--memory-budget-mb",
         "BOTS_MEMORY_BUDGET_MB",
         "1024",
@@ -253,6 +260,7 @@ class ServerSettings:
     max_tasks_per_tenant: int = 20_000_000
     max_stream_tasks: int = 1_000_000
     max_stream_mb: float = 256.0
+    stream_idle_seconds: float = 60.0
     memory_budget_mb: float = 1024.0
     inflight_budget_mb: float = 768.0
     tenant_inflight_budget_mb: float = 768.0
@@ -397,6 +405,7 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             max_tasks_per_tenant=_count(args.max_tasks_per_tenant, "--max-tasks-per-tenant"),
             max_stream_tasks=_count(args.max_stream_tasks, "--max-stream-tasks", zero=False),
             max_stream_mb=_amount(args.max_stream_mb, "--max-stream-mb", zero=False),
+            stream_idle_seconds=_amount(args.stream_idle_seconds, "--stream-idle-seconds", zero=False),
             memory_budget_mb=_amount(args.memory_budget_mb, "--memory-budget-mb"),
             inflight_budget_mb=_amount(args.inflight_budget_mb, "--inflight-budget-mb"),
             tenant_inflight_budget_mb=_amount(args.tenant_inflight_budget_mb, "--tenant-inflight-budget-mb"),

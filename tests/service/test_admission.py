@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -192,3 +193,48 @@ def test_one_tenants_bulk_calls_take_turns_and_another_tenants_do_not_wait(turns
             a_keys = [k for chunk in waiting.result() for k in chunk.keys]
     assert other.added == TASKS and len(b_keys) == TASKS
     assert len(a_keys) == TASKS and a_keys[0] == "a1-000000"
+
+
+def stalled(experiment: str, tag: str, resume: threading.Event) -> Iterator[pb.AddTasksRequest]:
+    """An upload whose first message announces TASKS tasks and then sends
+    nothing until `resume` (a client that stalls, or means to)."""
+    first = pb.AddTasksRequest(experiment=experiment, total_tasks=TASKS, tasks=[pb.Task(key=f"{tag}-000000")])
+    yield first
+    resume.wait(60)
+
+
+def test_a_stream_that_stops_sending_is_ended_and_frees_what_it_held(tmp_path: Path) -> None:
+    # Before, one message announcing a large upload held its reservation for
+    # as long as its client liked: every other tenant's bulk calls were
+    # refused meanwhile (an audit held 757 MB of the default 768 for 60 s).
+    creds = credentials_file(tmp_path / "credentials.toml", PRINCIPALS)
+    server = ServerProcess(
+        f"sqlite:///{tmp_path / 'idle.db'}",
+        extra_args=[
+            *("--credentials-file", str(creds), "--stream-idle-seconds", "2", "--tenant-bulk-calls", "0"),
+            *("--inflight-budget-mb", "40", "--tenant-inflight-budget-mb", "40"),  # one upload's 29 MB at a time
+        ],
+    ).start()
+    resume = threading.Event()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.TaskSelectorStub(channel)
+            for who in ("a-writer", "b-writer"):
+                stub.CreateExperiment(pb.CreateExperimentRequest(name="up"), metadata=bearer(who), timeout=20)
+            with ThreadPoolExecutor(1) as pool:
+                held = pool.submit(stub.AddTasks, stalled("up", "a", resume), metadata=bearer("a-writer"), timeout=60)
+                time.sleep(0.5)  # its 29 MB are reserved
+                started = time.monotonic()
+                other = stub.AddTasks(chunks("up", "b"), metadata=bearer("b-writer"), timeout=60)
+                waited = time.monotonic() - started
+                with pytest.raises(grpc.RpcError) as ended:
+                    held.result()
+                resume.set()
+            assert other.added == TASKS and waited < 5.0  # it got room once the stalled stream was ended
+            assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "sent nothing for 2 s (--stream-idle-seconds)" in ended.value.details()
+            got = stub.GetExperiment(pb.GetExperimentRequest(name="up"), metadata=bearer("a-writer"), timeout=20)
+            assert got.num_tasks == 0  # nothing of the ended stream was written
+    finally:
+        resume.set()
+        server.stop()

@@ -48,6 +48,10 @@ class StreamBounds:
 
     max_tasks: int = 1_000_000
     max_bytes: int = 256 * 1024 * 1024
+    # A stream that sends nothing this long is ended: the memory held for
+    # it (reserved for the tasks its first message announced) must not be
+    # held by a client that stalls, or means to.
+    idle_seconds: float = 60.0
 
 
 DEFAULT_STREAM_BOUNDS = StreamBounds()

@@ -166,7 +166,11 @@ class BotsServer:
         options = _REUSEPORT if siblings else _NO_REUSEPORT
         self.server = grpc.aio.server(interceptors=interceptors, options=options)
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
-        bounds = StreamBounds(max_tasks=settings.max_stream_tasks, max_bytes=int(settings.max_stream_mb * _MB))
+        bounds = StreamBounds(
+            max_tasks=settings.max_stream_tasks,
+            max_bytes=int(settings.max_stream_mb * _MB),
+            idle_seconds=settings.stream_idle_seconds,
+        )
         budgets = Budgets(
             total_bytes=int(settings.inflight_budget_mb * _MB) or None,
             tenant_bytes=int(settings.tenant_inflight_budget_mb * _MB) or None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import grpc
 
@@ -29,6 +30,7 @@ from bots_server.service.status import server_streaming, unary
 
 # Snapshot chunks stay well under gRPC's default 4 MB message limit.
 SNAPSHOT_CHUNK_BYTES = 1 << 20
+Message = TypeVar("Message")
 _PER_TASK_OVERHEAD = 26  # two doubles, a retired flag and framing
 _PER_FEATURE_OVERHEAD = 16  # a double and map-entry framing
 
@@ -83,6 +85,25 @@ class _StreamBudget:
         await self.charge.at_least(stream_cost(self.tasks, self.bytes))
 
 
+async def _until_idle(stream: AsyncIterator[Message], method: str, idle_seconds: float) -> AsyncIterator[Message]:
+    """The request stream's messages; one that sends nothing for
+    `idle_seconds` ends the call (RESOURCE_EXHAUSTED), which lets go of the
+    memory admitted for it: a stalled stream must not hold other callers'
+    share of the server, whichever tenant they are."""
+    messages = stream.__aiter__()
+    while True:
+        try:
+            message = await asyncio.wait_for(messages.__anext__(), idle_seconds)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise ResourceExhausted(
+                f"{method}: the stream sent nothing for {idle_seconds:g} s (--stream-idle-seconds) while the "
+                "server held memory for it; nothing was written"
+            ) from None
+        yield message
+
+
 def _caller_tenant() -> str:
     """Whose budget a call's memory counts against: the caller's tenant."""
     return tenancy.current.get().tenant
@@ -127,7 +148,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         async with self.admission.holding(_caller_tenant(), "RestoreExperiment") as charge:
             budget = _StreamBudget("RestoreExperiment", self.stream_bounds, charge)
             pacer = self.core.runtime.priority.pacer()
-            async for chunk in request_iterator:
+            async for chunk in _until_idle(request_iterator, "RestoreExperiment", self.stream_bounds.idle_seconds):
                 if first is None:
                     first = chunk
                     if not chunk.name:
@@ -197,7 +218,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         async with self.admission.holding(_caller_tenant(), "AddTasks") as charge:
             budget = _StreamBudget("AddTasks", self.stream_bounds, charge)
             pacer = self.core.runtime.priority.pacer()
-            async for chunk in request_iterator:
+            async for chunk in _until_idle(request_iterator, "AddTasks", self.stream_bounds.idle_seconds):
                 if first is None:
                     first = chunk
                     if not chunk.experiment:
