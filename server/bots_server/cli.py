@@ -112,8 +112,9 @@ def _migrate(args: argparse.Namespace) -> int:
                     if not current:
                         print(f"schema is at {revisions or 'nothing (empty database, or none yet)'}; the code needs {heads}")
                         return 3
-                else:
-                    store.migrate()
+                elif newer := store.migrate():
+                    print(f"schema is at {newer}, newer than this code's migrations: left as it is; {SCHEMA_AHEAD}")
+                    return 0
                 break
             except Unavailable as e:
                 if time.monotonic() >= deadline:
@@ -125,6 +126,10 @@ def _migrate(args: argparse.Namespace) -> int:
         store.close()
     print("schema is at the latest revision")
     return 0
+
+
+# What a server of an older release may do on a newer schema (docs/operations/upgrade-and-backup.md).
+SCHEMA_AHEAD = "serve it only if the newer release's notes say its migrations were additive"
 
 
 def _compact(args: argparse.Namespace) -> int:

@@ -4,12 +4,14 @@ the Kubernetes init container run."""
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 from threading import Barrier as BarrierType
 
 import bots_client
+from bots_server.store import revisions
 from tests.ops.support import MetricsServer
 
 
@@ -97,3 +99,31 @@ def test_a_first_start_logs_no_alembic_plugin_lines(tmp_path: Path) -> None:
     server.stop()
     assert "serving" in server.messages()
     assert not [m for m in server.messages() if "setup plugin" in m]
+
+
+def test_a_rollback_onto_a_newer_schema_migrates_nothing_and_serves(tmp_path: Path) -> None:
+    # The previous release's image on a database a newer release migrated
+    # (docs: fine if that migration was additive). Before, `migrate` failed
+    # with "Can't locate revision" (and so did every pod's init container),
+    # as did a server migrating at its start.
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    assert migrate("--db", url).returncode == 0
+    newer = f"{int(max(revisions.heads())) + 1:04d}"
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = ?", (newer,))
+    done = migrate("--db", url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"schema is at ['{newer}'], newer than this code's migrations: left as it is")
+    server = MetricsServer(url).start()  # migrating at its start, the default
+    try:
+        with bots_client.Client(server.address) as client:
+            client.create_experiment("after-rollback")
+        assert "database schema is newer than this code's migrations" in "\n".join(server.messages())
+    finally:
+        server.stop()
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(newer,)]
+    # A revision this code does not know and that is not newer is no rollback: it fails as before.
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'abc'")
+    assert migrate("--db", url).returncode != 0

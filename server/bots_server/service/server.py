@@ -195,8 +195,12 @@ class BotsServer:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        if self.settings.migrate:
-            await asyncio.to_thread(self.store.migrate)
+        if self.settings.migrate and (newer := await asyncio.to_thread(self.store.migrate)):
+            log.warning(
+                "database schema is newer than this code's migrations; left as it is (a rollback: serve it only "
+                "if the newer release's migrations were additive)",
+                extra={"revisions": newer},
+            )
         await asyncio.to_thread(self.store.remove_unfinished_writes)
         self._start_metrics()
         await self.server.start()

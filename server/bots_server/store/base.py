@@ -64,13 +64,15 @@ class Store(abc.ABC):
         """The database URL without its password, for logs and messages."""
 
     @abc.abstractmethod
-    def migrate(self, revision: str = "head") -> None:
+    def migrate(self, revision: str = "head") -> list[str]:
         """Create or upgrade the schema to `revision` (the latest by default).
 
         Holds the store's migration lock throughout, so that migrators
         starting together (replicas, init containers) take turns: the next
         one finds nothing to do. Migrating a database already at `revision`
-        changes nothing.
+        changes nothing. A database whose revisions are newer than this
+        code's (a rollback to the previous release) is left as it is, and
+        its revisions returned; otherwise [].
         """
 
     @abc.abstractmethod

@@ -158,9 +158,9 @@ class SqlBase(Store):
     # -- schema -----------------------------------------------------------
 
     @_translate_errors
-    def migrate(self, revision: str = "head") -> None:
+    def migrate(self, revision: str = "head") -> list[str]:
         with self._migration_lock(), self._write() as conn:
-            revisions.upgrade(conn, revision)
+            return revisions.upgrade(conn, revision)
 
     @_translate_errors
     def schema_status(self) -> SchemaStatus:
