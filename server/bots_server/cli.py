@@ -27,7 +27,10 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import IO, Any
 
 import bots_client
 from bots_server import __version__, logs, settings
@@ -226,30 +229,51 @@ def _show(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     with _connect(args) as client:
         snap = client.snapshot(args.name)
-    to_stdout = args.output == "-"
-    with contextlib.nullcontext(sys.stdout) if to_stdout else open(args.output, "w", newline="") as out:
-        mean = snap.mean
-        retired = snap.retired if snap.retired is not None else [False] * len(snap.keys)
-        if args.format == "csv":
-            writer = csv.writer(out)
-            writer.writerow(["key", "alpha", "beta", "mean", "retired"])
-            for i, key in enumerate(snap.keys):
-                writer.writerow(
-                    [key, repr(float(snap.alpha[i])), repr(float(snap.beta[i])), repr(float(mean[i])), int(retired[i])]
-                )
-        else:
-            for i, key in enumerate(snap.keys):
-                row = {
-                    "key": key,
-                    "alpha": float(snap.alpha[i]),
-                    "beta": float(snap.beta[i]),
-                    "mean": float(mean[i]),
-                    "retired": bool(retired[i]),
-                }
-                out.write(json.dumps(row) + "\n")
-    if not to_stdout:
-        print(f"wrote {len(snap.keys)} tasks of {args.name!r} at step {snap.step} to {args.output}", file=sys.stderr)
+    if args.output == "-":
+        _write_export(snap, args.format, sys.stdout)
+        return 0
+    # Into a file beside the target, renamed over it once complete: a
+    # failed export (a full disk) leaves neither a cut file nor a good
+    # earlier export destroyed.
+    target = Path(args.output)
+    with tempfile.NamedTemporaryFile(
+        "w", newline="", dir=target.parent, prefix=f".{target.name}.", suffix=".part", delete=False
+    ) as out:
+        part = Path(out.name)
+        try:
+            _write_export(snap, args.format, out)
+            out.flush()
+            os.fsync(out.fileno())
+        except BaseException:
+            out.close()
+            part.unlink(missing_ok=True)
+            raise
+    os.replace(part, target)
+    print(f"wrote {len(snap.keys)} tasks of {args.name!r} at step {snap.step} to {args.output}", file=sys.stderr)
     return 0
+
+
+def _write_export(snap: Any, fmt: str, out: IO[str]) -> None:
+    """The snapshot's rows, one per task, as CSV or JSON lines."""
+    mean = snap.mean
+    retired = snap.retired if snap.retired is not None else [False] * len(snap.keys)
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow(["key", "alpha", "beta", "mean", "retired"])
+        for i, key in enumerate(snap.keys):
+            writer.writerow(
+                [key, repr(float(snap.alpha[i])), repr(float(snap.beta[i])), repr(float(mean[i])), int(retired[i])]
+            )
+    else:
+        for i, key in enumerate(snap.keys):
+            row = {
+                "key": key,
+                "alpha": float(snap.alpha[i]),
+                "beta": float(snap.beta[i]),
+                "mean": float(mean[i]),
+                "retired": bool(retired[i]),
+            }
+            out.write(json.dumps(row) + "\n")
 
 
 def _token(args: argparse.Namespace) -> int:
@@ -458,6 +482,13 @@ def main(argv: list[str] | None = None) -> int:
         # Python's recipe: stdout to devnull, or the flush at exit fails again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except OSError as e:
+        # A full disk, a file that cannot be written: one line, no traceback
+        # (and standard output, if it was that, not flushed again at exit).
+        print(f"error: cannot write {e.filename or 'standard output'}: {e.strerror or e}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except bots_client.UnavailableError as e:
         # One line a person can act on; the gRPC detail (connection refused,
         # DNS failure, database down) stays at the end for the curious.

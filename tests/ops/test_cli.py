@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -225,3 +227,34 @@ def test_serve_help_gives_the_real_shutdown_default() -> None:
     text = " ".join(shown.stdout.split())
     entry = text[text.index("--shutdown-seconds SHUTDOWN_SECONDS") :].split(" --workers ")[0]
     assert entry.endswith(f"(env BOTS_SHUTDOWN_SECONDS; default --grace-seconds + {settings.SHUTDOWN_AFTER_GRACE_SECONDS:g})")
+
+
+def test_an_export_that_cannot_be_written_says_so_and_keeps_the_earlier_file(
+    sqlite_server: ServerProcess, tmp_path: Path
+) -> None:
+    # A full disk (here: a file-size limit, EFBIG, as ENOSPC would be) left a
+    # cut file over a good earlier export and a traceback; /dev/full too.
+    name = f"full-{uuid.uuid4().hex[:8]}"
+    with bots_client.Client(sqlite_server.address) as client:
+        client.create_experiment(name)
+        client.add_tasks(name, [Task(f"task-{i:06d}") for i in range(5_000)])
+    command = [sys.executable, "-m", "bots_server.cli", "export", name, "--server", sqlite_server.address]
+    good = tmp_path / "posterior.csv"
+    assert subprocess.run([*command, "--output", str(good)], capture_output=True, timeout=60).returncode == 0
+    before = good.read_bytes()
+    assert len(before) > 64 * 1024
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+
+    full = subprocess.run(
+        [*command, "--output", str(good)], capture_output=True, text=True, timeout=60, preexec_fn=small_files
+    )
+    assert full.returncode == 1
+    assert full.stderr.startswith("error: cannot write ") and "Traceback" not in full.stderr, full.stderr
+    assert good.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["posterior.csv"]
+    with open("/dev/full", "w") as device:
+        to_device = subprocess.run(command, stdout=device, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert to_device.returncode == 1
+    assert to_device.stderr.strip() == "error: cannot write standard output: No space left on device"
