@@ -6,6 +6,8 @@ changed, groups and shares kept by forks, restores and restarts."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 import uuid
 from collections import Counter
 
@@ -168,9 +170,29 @@ def test_forks_and_restores_keep_groups_and_shares(client: bots_client.Client) -
     assert client.list_groups(fork) == client.list_groups(name)
     assert counts(client.select_batch(fork, 10, request_key="f")) == {"math": 5, "code": 3, "logic": 2}
     restored = f"{name}-restored"
-    client.restore_experiment(restored, client.snapshot(name, include_features=True))
-    assert [(g.name, g.num_tasks) for g in client.list_groups(restored)] == list(SIZES.items())
+    snapshot = client.snapshot(name, include_features=True)
+    assert snapshot.shares == {"math": (0.5, 0.5), "code": (0.3, 0.3), "logic": (0.2, 0.2)}
+    client.restore_experiment(restored, snapshot)
+    # The shares too (they were dropped: a restored mix drew other batches).
+    assert client.list_groups(restored) == client.list_groups(name)
     assert client.snapshot(restored).groups == client.snapshot(name).groups
+    assert client.snapshot(restored).shares == snapshot.shares
+    assert counts(client.select_batch(restored, 10, request_key="r")) == {"math": 5, "code": 3, "logic": 2}
+
+
+def test_a_restore_with_shares_its_groups_cannot_meet_changes_nothing(client: bots_client.Client) -> None:
+    name = experiment(client)
+    snapshot = client.snapshot(name, include_features=True)
+    for shares, problem in (
+        ({"nowhere": (0.1, 0.2)}, "has no tasks in groups 'nowhere'"),
+        ({"math": (0.8, 0.8), "code": (0.5, 0.5)}, "minimum shares sum to 1.3, more than 1"),
+        ({"math": (0.6, 0.2)}, "shares must satisfy 0 <= min <= max <= 1"),
+    ):
+        bad = dataclasses.replace(snapshot, shares=shares)
+        with pytest.raises(bots_client.InvalidArgumentError, match=re.escape(problem)):
+            client.restore_experiment(f"{name}-bad", bad)
+        with pytest.raises(bots_client.NotFoundError):
+            client.get_experiment(f"{name}-bad")
 
 
 def test_the_async_client_sets_and_lists_groups(client: bots_client.Client, endpoint: Endpoint) -> None:

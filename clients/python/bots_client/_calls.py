@@ -261,10 +261,12 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
     features: list[dict[str, float]] = []
     retired: list[bool] = []
     groups: list[str] = []
+    shares: dict[str, tuple[float, float]] = {}
     experiment = None
     for chunk in chunks:
         if chunk.HasField("experiment"):
             experiment = _convert.experiment_from_proto(chunk.experiment)
+        shares.update((s.group, (s.min_share, s.max_share)) for s in chunk.shares)
         keys.extend(chunk.keys)
         alpha.extend(chunk.alpha)
         beta.extend(chunk.beta)
@@ -282,6 +284,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         # A server from before retirements sends none: nothing is retired.
         np.asarray(retired, dtype=bool) if retired else np.zeros(len(keys), dtype=bool),
         groups if groups else None,
+        shares,
     )
 
 
@@ -305,6 +308,8 @@ def restore_chunks(
     )
     if experiment.capability is not None:
         first.capability = experiment.capability
+    for group, (low, high) in sorted((snapshot.shares or {}).items()):
+        first.shares.add(group=group, min_share=low, max_share=high)
     chunks, current, size = [first], first, 0
     retired = snapshot.retired if snapshot.retired is not None and snapshot.retired.any() else None
     for i, (key, a, b, f) in enumerate(

@@ -122,6 +122,8 @@ class Snapshot:
     features: list[dict[str, float]] | None = None  # with include_features=True
     retired: np.ndarray | None = None  # bool per task: retired (never selected); None: not known
     groups: list[str] | None = None  # per task: its group ("": none); None: no task has one
+    # group -> (min, max) share of each batch (Client.set_group_shares); empty: no quotas
+    shares: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def step(self) -> int:

@@ -159,6 +159,7 @@ class Snapshot:
     features: list[dict[str, float]] | None
     retired: list[bool] | None = None  # per task; None: none retired
     groups: list[str] | None = None  # per task ("": none); None: no groups
+    shares: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (min, max); none: no quotas
 
 
 @dataclass(frozen=True)
@@ -176,3 +177,4 @@ class RestoreData:
     features: list[dict[str, float]]
     retired: list[bool] = field(default_factory=list)  # per task; empty: none retired
     groups: list[str] = field(default_factory=list)  # per task; empty: no groups
+    shares: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (min, max); none: no quotas

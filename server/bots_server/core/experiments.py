@@ -13,10 +13,11 @@ from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
 from bots_server.core.experiment import reference_rates
+from bots_server.core.limits import shown
 from bots_server.core.priority import Pacer
 from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import Runtime
-from bots_server.engine import PosteriorState
+from bots_server.engine import PosteriorState, share_problem
 from bots_server.errors import AlreadyExists, InvalidArgument, NotFound
 from bots_server.store import ExperimentCopy, ExperimentRow
 
@@ -152,6 +153,7 @@ class Experiments:
                 raise InvalidArgument(f"snapshot arrays differ in length: {len(data.keys)} keys, {len(values)} {what}")
         if data.groups:
             await rt.run(validation.snapshot_groups, data.groups)
+        _check_restored_shares(data)
         claim = await self.quotas.new_experiment(data.name, len(data.keys))
         copy = ExperimentCopy(
             name=data.name,
@@ -166,6 +168,7 @@ class Experiments:
             tenant=tenancy.tenant_of(data.name),
             retired=[i for i, r in enumerate(data.retired) if r],
             groups=data.groups or None,
+            shares=dict(data.shares),
         )
         create = functools.partial(rt.store.create_copy, pace=pacer.pace)
         row = await self.quotas.write(claim, create, copy, rt.clock())
@@ -180,6 +183,7 @@ class Experiments:
             state, step, keys, capability = live.state, live.step, live.keys, live.capability
             retired = live.retired
             groups = [live.group_names[g] for g in live.group_of.tolist()] if live.has_groups else None
+            shares = dict(live.shares)
         row = await rt.db(rt.store.find_experiment, name)
         if row is None or row.id != live.id:
             raise NotFound(f"experiment {name!r} not found")
@@ -190,7 +194,23 @@ class Experiments:
         keys_list, alpha, beta = await rt.run(lambda: (keys.tolist(), state.alpha.tolist(), state.beta.tolist()))
         pace = None if pacer is None else pacer.pace
         features = await rt.db(rt.store.load_features, live.id, len(keys), pace) if include_features else None
-        return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups)
+        return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups, shares)
+
+
+def _check_restored_shares(data: RestoreData) -> None:
+    """A snapshot's group shares, checked as SetGroupShares checks them,
+    against the groups of its tasks."""
+    if not data.shares:
+        return
+    validation.group_shares(data.shares)
+    groups = sorted(set(data.groups))
+    unknown = sorted(set(data.shares) - set(groups))
+    if unknown:
+        names = ", ".join(shown(g) for g in unknown[:5])
+        raise InvalidArgument(f"RestoreExperiment: the snapshot has no tasks in groups {names}, which it gives shares")
+    problem = share_problem(data.shares, groups)
+    if problem is not None:
+        raise InvalidArgument(f"RestoreExperiment: the snapshot's group shares: {problem}")
 
 
 def restored_state(data: RestoreData) -> memoryview:

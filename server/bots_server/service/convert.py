@@ -130,13 +130,17 @@ def report_to_proto(result: ReportResult) -> pb.ReportOutcomesResponse:
     return message
 
 
-def shares_from_proto(messages: Iterable[pb.GroupShare]) -> dict[str, tuple[float, float]]:
+def shares_from_proto(messages: Iterable[pb.GroupShare], method: str = "SetGroupShares") -> dict[str, tuple[float, float]]:
     shares: dict[str, tuple[float, float]] = {}
     for m in messages:
         if m.group in shares:
-            raise InvalidArgument(f"SetGroupShares: group {shown(m.group)} appears more than once")
+            raise InvalidArgument(f"{method}: group {shown(m.group)} appears more than once")
         shares[m.group] = (m.min_share, m.max_share)
     return shares
+
+
+def shares_to_proto(shares: dict[str, tuple[float, float]]) -> list[pb.GroupShare]:
+    return [pb.GroupShare(group=g, min_share=low, max_share=high) for g, (low, high) in sorted(shares.items())]
 
 
 def groups_to_proto(groups: Iterable[GroupInfo]) -> pb.ListGroupsResponse:

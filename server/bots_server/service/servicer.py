@@ -184,6 +184,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 features=features,
                 retired=retired,
                 groups=groups,
+                shares=convert.shares_from_proto(first.shares, "RestoreExperiment"),
             )
             return _shown(await self.core.experiments.restore(data, pacer))
 
@@ -304,6 +305,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
             bounds = await asyncio.to_thread(_chunk_bounds, snap, pacer)
             for start, stop in bounds:
                 chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment)) if start == 0 else pb.SnapshotChunk()
+                if start == 0:
+                    chunk.shares.extend(convert.shares_to_proto(snap.shares))
                 yield await asyncio.to_thread(_fill, chunk, snap, start, stop, pacer)
 
 

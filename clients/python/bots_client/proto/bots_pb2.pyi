@@ -160,7 +160,7 @@ class ForkExperimentRequest(_message.Message):
     def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ...) -> None: ...
 
 class RestoreExperimentRequest(_message.Message):
-    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired", "groups")
+    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired", "groups", "shares")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class RestoreExperimentRequest(_message.Message):
     TOTAL_TASKS_FIELD_NUMBER: _ClassVar[int]
     RETIRED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: ExperimentConfig
     step: int
@@ -185,7 +186,8 @@ class RestoreExperimentRequest(_message.Message):
     total_tasks: int
     retired: _containers.RepeatedScalarFieldContainer[bool]
     groups: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+    shares: _containers.RepeatedCompositeFieldContainer[GroupShare]
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("values",)
@@ -322,7 +324,7 @@ class SnapshotRequest(_message.Message):
     def __init__(self, experiment: _Optional[str] = ..., include_features: _Optional[bool] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired", "groups")
+    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired", "groups", "shares")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +332,7 @@ class SnapshotChunk(_message.Message):
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     RETIRED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
     experiment: Experiment
     keys: _containers.RepeatedScalarFieldContainer[str]
     alpha: _containers.RepeatedScalarFieldContainer[float]
@@ -337,7 +340,8 @@ class SnapshotChunk(_message.Message):
     features: _containers.RepeatedCompositeFieldContainer[Features]
     retired: _containers.RepeatedScalarFieldContainer[bool]
     groups: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+    shares: _containers.RepeatedCompositeFieldContainer[GroupShare]
+    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ...) -> None: ...
 
 class RetireTasksRequest(_message.Message):
     __slots__ = ("experiment", "keys")
