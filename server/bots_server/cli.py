@@ -141,7 +141,7 @@ def _compact(args: argparse.Namespace) -> int:
     checkpoint and serializes with reports)."""
     from bots_server.core import tenancy
     from bots_server.core.checkpoints import compact_events
-    from bots_server.errors import InvalidArgument
+    from bots_server.errors import InvalidArgument, Unavailable
 
     if args.retention_steps < 1:
         print("error: --retention-steps must be >= 1", file=sys.stderr)
@@ -154,6 +154,15 @@ def _compact(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
+        # Read-only first: a mistyped --db must not become a new, empty database.
+        current, revisions, heads = store.schema_status()
+        if not current:
+            print(
+                f"error: the database at --db has no schema this code serves (it is at {revisions or 'nothing'}, "
+                f"the code needs {heads}): a mistyped --db, or run `bots-server migrate` first",
+                file=sys.stderr,
+            )
+            return 1
         if stored:
             found = store.find_experiment(stored)
             if found is None:
@@ -168,6 +177,9 @@ def _compact(args: argparse.Namespace) -> int:
         for row in rows:
             horizon, removed = compact_events(store, row.id, row.step - args.retention_steps)
             print(f"{row.name}: step {row.step}, events compacted through step {horizon}, {removed} values removed")
+    except Unavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         store.close()
     return 0

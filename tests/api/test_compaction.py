@@ -151,3 +151,13 @@ def test_the_compact_command_names_experiments_as_the_api_does(tmp_path) -> None
     bad = subprocess.run([*compact, "a/b/c"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1
     assert bad.stderr.startswith("error: tenant of --experiment 'a/b/c'") and len(bad.stderr.splitlines()) == 1
+    # A mistyped --db: one line, and no new empty database (there was one, then a traceback).
+    typo = tmp_path / "nmaes.db"
+    wrong = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "compact", "--db", f"sqlite:///{typo}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert wrong.returncode == 1 and not typo.exists()
+    assert wrong.stderr.startswith("error: the database at --db has no schema this code serves") and len(
+        wrong.stderr.splitlines()
+    ) == 1
