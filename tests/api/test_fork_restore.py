@@ -92,6 +92,23 @@ def test_restore_on_another_server_resumes_the_run(client: bots_client.Client, t
         other.stop()
 
 
+def test_a_restore_keeps_adaptive_rhos_halvings_and_continues_exactly(client: bots_client.Client) -> None:
+    # The halvings were not in the snapshot: a restored run started again
+    # at the full rho and its posterior parted from the source's at once.
+    name = unique("adaptive")
+    config = ExperimentConfig(weak_feature="weak", strong_feature="strong", seed=9, adaptive_rho_error=0.01)
+    client.create_experiment(name, config)
+    client.add_tasks(name, [Task(f"t{i}", {"weak": i / 60, "strong": min(1.0, i / 40)}) for i in range(30)])
+    advance(client, name, range(6))
+    snapshot = client.snapshot(name, include_features=True)
+    assert snapshot.rho_halvings > 0
+    restored = unique("restored")
+    client.restore_experiment(restored, snapshot)
+    assert client.snapshot(restored).rho_halvings == snapshot.rho_halvings
+    assert advance(client, restored, range(6, 10)) == advance(client, name, range(6, 10))
+    assert state(client.snapshot(restored)) == state(client.snapshot(name))
+
+
 def test_restore_rejects_inconsistent_snapshots(client: bots_client.Client) -> None:
     source = seeded(client, steps=1)
     snap = client.snapshot(source, include_features=True)

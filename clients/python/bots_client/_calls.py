@@ -262,10 +262,12 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
     retired: list[bool] = []
     groups: list[str] = []
     shares: dict[str, tuple[float, float]] = {}
+    halvings = 0
     experiment = None
     for chunk in chunks:
         if chunk.HasField("experiment"):
             experiment = _convert.experiment_from_proto(chunk.experiment)
+            halvings = chunk.rho_halvings
         shares.update((s.group, (s.min_share, s.max_share)) for s in chunk.shares)
         keys.extend(chunk.keys)
         alpha.extend(chunk.alpha)
@@ -285,6 +287,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         np.asarray(retired, dtype=bool) if retired else np.zeros(len(keys), dtype=bool),
         groups if groups else None,
         shares,
+        halvings,
     )
 
 
@@ -310,6 +313,7 @@ def restore_chunks(
         first.capability = experiment.capability
     for group, (low, high) in sorted((snapshot.shares or {}).items()):
         first.shares.add(group=group, min_share=low, max_share=high)
+    first.rho_halvings = snapshot.rho_halvings
     chunks, current, size = [first], first, 0
     retired = snapshot.retired if snapshot.retired is not None and snapshot.retired.any() else None
     for i, (key, a, b, f) in enumerate(

@@ -124,6 +124,7 @@ class Snapshot:
     groups: list[str] | None = None  # per task: its group ("": none); None: no task has one
     # group -> (min, max) share of each batch (Client.set_group_shares); empty: no quotas
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)
+    rho_halvings: int = 0  # how often adaptive rho (adaptive_rho_error) halved rho so far
 
     @property
     def step(self) -> int:

@@ -160,6 +160,7 @@ class Snapshot:
     retired: list[bool] | None = None  # per task; None: none retired
     groups: list[str] | None = None  # per task ("": none); None: no groups
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (min, max); none: no quotas
+    rho_halvings: int = 0  # adaptive rho's halvings so far (engine/state.py)
 
 
 @dataclass(frozen=True)
@@ -178,3 +179,4 @@ class RestoreData:
     retired: list[bool] = field(default_factory=list)  # per task; empty: none retired
     groups: list[str] = field(default_factory=list)  # per task; empty: no groups
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (min, max); none: no quotas
+    rho_halvings: int = 0  # adaptive rho's halvings so far (engine/state.py)

@@ -184,6 +184,7 @@ class Experiments:
             retired = live.retired
             groups = [live.group_names[g] for g in live.group_of.tolist()] if live.has_groups else None
             shares = dict(live.shares)
+            halvings = state.rho_halvings
         row = await rt.db(rt.store.find_experiment, name)
         if row is None or row.id != live.id:
             raise NotFound(f"experiment {name!r} not found")
@@ -194,7 +195,7 @@ class Experiments:
         keys_list, alpha, beta = await rt.run(lambda: (keys.tolist(), state.alpha.tolist(), state.beta.tolist()))
         pace = None if pacer is None else pacer.pace
         features = await rt.db(rt.store.load_features, live.id, len(keys), pace) if include_features else None
-        return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups, shares)
+        return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups, shares, halvings)
 
 
 def _check_restored_shares(data: RestoreData) -> None:
@@ -224,6 +225,7 @@ def restored_state(data: RestoreData) -> memoryview:
         alpha=np.asarray(data.alpha, dtype=np.float64),
         beta=np.asarray(data.beta, dtype=np.float64),
         capability=math.nan if data.capability is None else data.capability,
+        rho_halvings=data.rho_halvings,
     )
     return encode_state(state)
 

@@ -185,6 +185,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 retired=retired,
                 groups=groups,
                 shares=convert.shares_from_proto(first.shares, "RestoreExperiment"),
+                rho_halvings=first.rho_halvings,
             )
             return _shown(await self.core.experiments.restore(data, pacer))
 
@@ -307,6 +308,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 chunk = pb.SnapshotChunk(experiment=_shown(snap.experiment)) if start == 0 else pb.SnapshotChunk()
                 if start == 0:
                     chunk.shares.extend(convert.shares_to_proto(snap.shares))
+                    chunk.rho_halvings = snap.rho_halvings
                 yield await asyncio.to_thread(_fill, chunk, snap, start, stop, pacer)
 
 

@@ -160,7 +160,7 @@ class ForkExperimentRequest(_message.Message):
     def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ...) -> None: ...
 
 class RestoreExperimentRequest(_message.Message):
-    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired", "groups", "shares")
+    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired", "groups", "shares", "rho_halvings")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class RestoreExperimentRequest(_message.Message):
     RETIRED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
+    RHO_HALVINGS_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: ExperimentConfig
     step: int
@@ -187,7 +188,8 @@ class RestoreExperimentRequest(_message.Message):
     retired: _containers.RepeatedScalarFieldContainer[bool]
     groups: _containers.RepeatedScalarFieldContainer[str]
     shares: _containers.RepeatedCompositeFieldContainer[GroupShare]
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ...) -> None: ...
+    rho_halvings: int
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ..., rho_halvings: _Optional[int] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("values",)
@@ -324,7 +326,7 @@ class SnapshotRequest(_message.Message):
     def __init__(self, experiment: _Optional[str] = ..., include_features: _Optional[bool] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired", "groups", "shares")
+    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired", "groups", "shares", "rho_halvings")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +335,7 @@ class SnapshotChunk(_message.Message):
     RETIRED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
+    RHO_HALVINGS_FIELD_NUMBER: _ClassVar[int]
     experiment: Experiment
     keys: _containers.RepeatedScalarFieldContainer[str]
     alpha: _containers.RepeatedScalarFieldContainer[float]
@@ -341,7 +344,8 @@ class SnapshotChunk(_message.Message):
     retired: _containers.RepeatedScalarFieldContainer[bool]
     groups: _containers.RepeatedScalarFieldContainer[str]
     shares: _containers.RepeatedCompositeFieldContainer[GroupShare]
-    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ...) -> None: ...
+    rho_halvings: int
+    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ..., rho_halvings: _Optional[int] = ...) -> None: ...
 
 class RetireTasksRequest(_message.Message):
     __slots__ = ("experiment", "keys")
