@@ -22,10 +22,12 @@ import asyncio
 import contextlib
 import csv
 import dataclasses
+import errno
 import faulthandler
 import json
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -244,25 +246,45 @@ def _export(args: argparse.Namespace) -> int:
     if args.output == "-":
         _write_export(snap, args.format, sys.stdout)
         return 0
-    # Into a file beside the target, renamed over it once complete: a
-    # failed export (a full disk) leaves neither a cut file nor a good
-    # earlier export destroyed.
-    target = Path(args.output)
-    with tempfile.NamedTemporaryFile(
-        "w", newline="", dir=target.parent, prefix=f".{target.name}.", suffix=".part", delete=False
-    ) as out:
-        part = Path(out.name)
-        try:
-            _write_export(snap, args.format, out)
-            out.flush()
-            os.fsync(out.fileno())
-        except BaseException:
-            out.close()
-            part.unlink(missing_ok=True)
-            raise
-    os.replace(part, target)
+    _export_to_file(snap, args.format, args.output)
     print(f"wrote {len(snap.keys)} tasks of {args.name!r} at step {snap.step} to {args.output}", file=sys.stderr)
     return 0
+
+
+def _export_to_file(snap: Any, fmt: str, output: str) -> None:
+    """A regular file (or a new one) is written beside itself and renamed
+    over itself once complete, with its mode kept (a new one: 0666 less the
+    umask): a failed export (a full disk) leaves neither a cut file nor a
+    good earlier export destroyed. A symlink's target is what is replaced.
+    Anything else (a device, a FIFO, /dev/stdout), or a file in a folder
+    this process may not write, is written through, as `>` would."""
+    target = Path(os.path.realpath(output))
+    if target.exists() and not target.is_file():
+        with open(output, "w", newline="") as out:
+            _write_export(snap, fmt, out)
+        return
+    try:
+        part_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed below, by `with part_file`)
+            "w", newline="", dir=target.parent, prefix=f".{target.name}.", suffix=".part", delete=False
+        )
+    except PermissionError:
+        with open(output, "w", newline="") as out:
+            _write_export(snap, fmt, out)
+        return
+    part = Path(part_file.name)
+    try:
+        with part_file as out:
+            _write_export(snap, fmt, out)
+            out.flush()
+            os.fsync(out.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(part, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~umask)
+        os.replace(part, target)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, output) from None  # the file asked for, not the part
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _write_export(snap: Any, fmt: str, out: IO[str]) -> None:
@@ -482,6 +504,10 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
+# Write errors of a full disk or quota (standard output on one).
+_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a supervisor starts its processes with them
@@ -495,9 +521,15 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except OSError as e:
-        # A full disk, a file that cannot be written: one line, no traceback
-        # (and standard output, if it was that, not flushed again at exit).
-        print(f"error: cannot write {e.filename or 'standard output'}: {e.strerror or e}", file=sys.stderr)
+        # A file that cannot be read or written, a full disk under standard
+        # output: one line, no traceback (and standard output not flushed
+        # again at exit). Anything else stays a traceback.
+        if e.filename is not None:
+            print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        elif e.errno in _FULL:
+            print(f"error: cannot write standard output: {e.strerror}", file=sys.stderr)
+        else:
+            raise
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

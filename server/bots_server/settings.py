@@ -156,7 +156,7 @@ SETTINGS = (
         "--stream-idle-seconds",
         "BOTS_STREAM_IDLE_SECONDS",
         "60",
-        "an AddTasks or RestoreExperiment stream that sends nothing this long is ended (RESOURCE_EXHAUSTED) and the "
+        "an AddTasks or RestoreExperiment stream that sends no task this long is ended (RESOURCE_EXHAUSTED) and the "
         "memory held for it freed",
     ),
     Setting(

@@ -139,6 +139,14 @@ def test_calls_need_a_valid_bearer_token(auth_server: MetricsServer) -> None:
             client.create_experiment(name, ExperimentConfig(seed=1))
             client.add_tasks(name, [Task("a"), Task("b")])
             assert client.snapshot(name).keys == ["a", "b"]
+    # Without a credentials file a plain token is the server's admin: it may
+    # name experiments of any tenant (beside a file it may not:
+    # tests/service/test_tenants.py).
+    other = f"team-x/{unique('run')}"
+    with bots_client.Client(auth_server.address, metadata=bearer("alpha-token")) as client:
+        client.create_experiment(other)
+        assert client.get_experiment(other).name == other
+        assert other in {e.name for e in client.list_experiments()}
 
 
 def test_the_cli_says_to_set_bots_token(auth_server: MetricsServer) -> None:

@@ -92,11 +92,18 @@ class Credentials:
         return frozenset(p.tenant for p in principals) | frozenset(self.tenant_quotas)
 
 
-def parse(text: str, default_quotas: Quotas, static_admin_tokens: frozenset[str] = frozenset()) -> Credentials:
+def parse(
+    text: str,
+    default_quotas: Quotas,
+    static_admin_tokens: frozenset[str] = frozenset(),
+    plain_role: Role = Role.TENANT_ADMIN,
+) -> Credentials:
     """The credentials of a file's text; ValueError naming what is wrong.
     `default_quotas`: the server's flags, which [defaults] overrides.
-    `static_admin_tokens`: plain tokens from BOTS_AUTH_TOKENS, each an
-    admin of the default tenant."""
+    `static_admin_tokens`: plain tokens from BOTS_AUTH_TOKENS, each of the
+    default tenant with `plain_role`: beside a credentials file a
+    tenant-admin, so that a shared trainer token reaches no other team's
+    experiments; alone (no file, no teams) the server's admin, as always."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -109,7 +116,9 @@ def parse(text: str, default_quotas: Quotas, static_admin_tokens: frozenset[str]
     for tenant, table in _table(data.get("tenants", {}), "[tenants]").items():
         _tenant(tenant, f"[tenants.{tenant}]")
         tenant_quotas[tenant] = _quotas(table, defaults, f"[tenants.{tenant}]")
-    by_token: dict[str, Principal] = {hash_token(t): _static_admin(i) for i, t in enumerate(sorted(static_admin_tokens))}
+    by_token: dict[str, Principal] = {
+        hash_token(t): _plain_principal(i, plain_role) for i, t in enumerate(sorted(static_admin_tokens))
+    }
     by_certificate: dict[str, Principal] = {}
     names: set[str] = set()
     principals = data.get("principals", [])
@@ -134,14 +143,12 @@ def parse(text: str, default_quotas: Quotas, static_admin_tokens: frozenset[str]
 
 def static_credentials(tokens: frozenset[str], default_quotas: Quotas) -> Credentials:
     """Credentials of plain admin tokens alone (BOTS_AUTH_TOKENS), no file."""
-    return parse("", default_quotas, tokens)
+    return parse("", default_quotas, tokens, plain_role=Role.ADMIN)
 
 
-def _static_admin(i: int) -> Principal:
-    """A plain token (BOTS_AUTH_TOKENS, --auth-tokens-file): the admin of the
-    tenant `default`, never of the others. A shared trainer token must not
-    reach every team's experiments once a credentials file adds teams."""
-    return Principal(f"token-{i + 1}", tenancy.DEFAULT_TENANT, Role.TENANT_ADMIN)
+def _plain_principal(i: int, role: Role) -> Principal:
+    """A plain token (BOTS_AUTH_TOKENS, --auth-tokens-file), of the tenant `default`."""
+    return Principal(f"token-{i + 1}", tenancy.DEFAULT_TENANT, role)
 
 
 def _table(value: Any, where: str) -> dict[str, Any]:

@@ -86,21 +86,26 @@ class _StreamBudget:
 
 
 async def _until_idle(stream: AsyncIterator[Message], method: str, idle_seconds: float) -> AsyncIterator[Message]:
-    """The request stream's messages; one that sends nothing for
+    """The request stream's messages; one that sends no task for
     `idle_seconds` ends the call (RESOURCE_EXHAUSTED), which lets go of the
     memory admitted for it: a stalled stream must not hold other callers'
-    share of the server, whichever tenant they are."""
+    share of the server, whichever tenant they are. Messages without tasks
+    do not count: a trickle of empty ones is a stall too."""
     messages = stream.__aiter__()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + idle_seconds
     while True:
         try:
-            message = await asyncio.wait_for(messages.__anext__(), idle_seconds)
+            message = await asyncio.wait_for(messages.__anext__(), max(0.0, deadline - loop.time()))
         except StopAsyncIteration:
             return
         except TimeoutError:
             raise ResourceExhausted(
-                f"{method}: the stream sent nothing for {idle_seconds:g} s (--stream-idle-seconds) while the "
+                f"{method}: the stream sent no task for {idle_seconds:g} s (--stream-idle-seconds) while the "
                 "server held memory for it; nothing was written"
             ) from None
+        if len(message.keys if isinstance(message, pb.RestoreExperimentRequest) else message.tasks):  # type: ignore[attr-defined]
+            deadline = loop.time() + idle_seconds
         yield message
 
 
