@@ -96,7 +96,7 @@ def first_call(url: str, name: str, args: argparse.Namespace, rng: np.random.Gen
             cycle(client, name, rng, args.batch)
             seconds, cpu = time.perf_counter() - started, cpu_seconds(server.proc.pid) - cpu0
         rss = common.rss_bytes(server.proc.pid)[0]
-        loaded = [e for e in server.log_lines if e.get("message") == "experiment loaded"]
+        loaded = server.entries("experiment loaded")
         return {
             "first_cycle_s": seconds,
             # On a shared machine the wall time above waits for the CPU; the

@@ -524,13 +524,7 @@ def _restart(url: str, name: str, n: int, cfg: PerfConfig, rng: np.random.Genera
             first_call = time.perf_counter() - started
             client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1.0, ROLLOUTS)))
         rss, hwm = common.rss_bytes(server.proc.pid)
-        # The server's log is written by a thread of its own, every 50 ms:
-        # the line of the load may come a little after the call's answer.
-        deadline = time.monotonic() + 10
-        while not (loaded := [e for e in server.log_lines if e.get("message") == "experiment loaded"]):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        loaded = server.entries("experiment loaded")
         result: dict[str, Any] = {
             "rebuild_s": first_call,  # the first SelectBatch, rebuild included
             "server_load_s": loaded[-1].get("seconds") if loaded else None,

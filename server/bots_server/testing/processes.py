@@ -123,6 +123,17 @@ class ServerProcess:
     def messages(self) -> list[str]:
         return [str(e.get("message")) for e in self.log_lines]
 
+    def entries(self, message: str, timeout: float = 10.0) -> list[dict[str, object]]:
+        """The log lines with `message`, waiting up to `timeout` for the
+        first: the server writes its log from a thread of its own every 50 ms
+        (logs.py), so a line may come a little after the call's answer."""
+        deadline = time.monotonic() + timeout
+        while not (found := [e for e in self.log_lines if e.get("message") == message]):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        return found
+
 
 def rss_bytes(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of a process in bytes: its resident memory now, and at its peak."""
