@@ -343,16 +343,14 @@ async def serve(settings: ServerSettings) -> None:
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
     beating = None
-    if stop.is_set():
-        # Stopped while starting (a migration waiting for another's lock):
-        # the deadline runs from the signal, not from the end of the start.
-        _exit_unless_stopped_within(settings.shutdown_seconds)
-        await starting
-    else:
+    if not stop.is_set():
         await starting  # raises what the start raised
         beating = _heartbeat(os.environ.get(HEARTBEAT_ENV, ""))
         await stopping
-        _exit_unless_stopped_within(settings.shutdown_seconds)
+    # The deadline runs from the signal, also when it came while the server
+    # was starting (a migration waiting for another's lock).
+    _exit_unless_stopped_within(settings.shutdown_seconds)
+    await starting
     await server.stop()  # beating on: a process draining for long is not stalled
     if beating is not None:
         beating.cancel()

@@ -10,7 +10,7 @@ arrive, before the server holds more than the bound.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import grpc
@@ -85,12 +85,15 @@ class _StreamBudget:
         await self.charge.at_least(stream_cost(self.tasks, self.bytes))
 
 
-async def _until_idle(stream: AsyncIterator[Message], method: str, idle_seconds: float) -> AsyncIterator[Message]:
-    """The request stream's messages; one that sends no task for
-    `idle_seconds` ends the call (RESOURCE_EXHAUSTED), which lets go of the
-    memory admitted for it: a stalled stream must not hold other callers'
-    share of the server, whichever tenant they are. Messages without tasks
-    do not count: a trickle of empty ones is a stall too."""
+async def _until_idle(
+    stream: AsyncIterator[Message], method: str, idle_seconds: float, tasks_in: Callable[[Message], int]
+) -> AsyncIterator[Message]:
+    """The request stream's messages; one that sends no task (`tasks_in` of
+    a message counts them) for `idle_seconds` ends the call
+    (RESOURCE_EXHAUSTED), which lets go of the memory admitted for it: a
+    stalled stream must not hold other callers' share of the server,
+    whichever tenant they are. Messages without tasks do not count: a
+    trickle of empty ones is a stall too."""
     messages = stream.__aiter__()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + idle_seconds
@@ -104,7 +107,7 @@ async def _until_idle(stream: AsyncIterator[Message], method: str, idle_seconds:
                 f"{method}: the stream sent no task for {idle_seconds:g} s (--stream-idle-seconds) while the "
                 "server held memory for it; nothing was written"
             ) from None
-        if len(message.keys if isinstance(message, pb.RestoreExperimentRequest) else message.tasks):  # type: ignore[attr-defined]
+        if tasks_in(message):
             deadline = loop.time() + idle_seconds
         yield message
 
@@ -153,7 +156,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         async with self.admission.holding(_caller_tenant(), "RestoreExperiment") as charge:
             budget = _StreamBudget("RestoreExperiment", self.stream_bounds, charge)
             pacer = self.core.runtime.priority.pacer()
-            async for chunk in _until_idle(request_iterator, "RestoreExperiment", self.stream_bounds.idle_seconds):
+            idle = self.stream_bounds.idle_seconds
+            async for chunk in _until_idle(request_iterator, "RestoreExperiment", idle, lambda m: len(m.keys)):
                 if first is None:
                     first = chunk
                     if not chunk.name:
@@ -225,7 +229,8 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         async with self.admission.holding(_caller_tenant(), "AddTasks") as charge:
             budget = _StreamBudget("AddTasks", self.stream_bounds, charge)
             pacer = self.core.runtime.priority.pacer()
-            async for chunk in _until_idle(request_iterator, "AddTasks", self.stream_bounds.idle_seconds):
+            idle = self.stream_bounds.idle_seconds
+            async for chunk in _until_idle(request_iterator, "AddTasks", idle, lambda m: len(m.tasks)):
                 if first is None:
                     first = chunk
                     if not chunk.experiment:
