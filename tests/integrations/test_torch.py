@@ -259,6 +259,57 @@ def test_real_ddp_ranks_resume_at_the_same_batch_after_an_overlapped_report(
     assert client_step(address, exp_name) == 2
 
 
+def _failing_second_call(method: Any, calls: list[str]) -> Any:
+    """`method`, except that the second call of any method sharing `calls` fails."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(method.__name__)
+        if len(calls) == 2:
+            raise bots_client.UnavailableError("injected: the service went away")
+        return method(*args, **kwargs)
+
+    return call
+
+
+def _ddp_failing_report_worker(
+    rank: int, world: int, address: str, experiment: str, init_file: str, out_dir: str, overlap: bool
+) -> None:
+    """Rank 0's second report fails; each rank records what it raised."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    error = None
+    try:
+        sampler = BotsSampler(address, experiment, KEYS, batch_size=4, num_batches=4, config=EXACT, overlap=overlap)
+        client = sampler.curriculum.client
+        calls: list[str] = []
+        for name in ("report_and_select", "report_outcomes"):
+            setattr(client, name, _failing_second_call(getattr(client, name), calls))
+        for rows in DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler):
+            sampler.report(dict.fromkeys(rows["key"], (1.0, 2)))
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        Path(out_dir, f"failed{rank}-{overlap}.json").write_text(json.dumps(error))
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_real_ddp_a_failed_report_raises_on_every_rank(
+    address: str, exp_name: str, tmp_path: Path, overlap: bool
+) -> None:
+    # The reporting rank raised before the broadcast its other ranks were
+    # waiting in; they learned of it only as "Connection closed by peer" once
+    # rank 0's process was gone (or waited until gloo's timeout while it lived).
+    import torch.multiprocessing as mp
+
+    init = str(tmp_path / "init")
+    mp.spawn(_ddp_failing_report_worker, args=(2, address, exp_name, init, str(tmp_path), overlap), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"failed{r}-{overlap}.json").read_text()) for r in range(2))
+    assert r0 == "UnavailableError: UNAVAILABLE: injected: the service went away"
+    assert r1 == "ReportingRankError: rank 0's report to the service failed: " + r0
+
+
 def test_gather_without_a_process_group_raises_instead_of_losing_other_ranks_outcomes(
     client: bots_client.Client, exp_name: str
 ) -> None:

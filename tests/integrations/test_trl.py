@@ -76,19 +76,25 @@ def _tiny_model_and_tokenizer() -> tuple[Any, Any]:
     return GPT2LMHeadModel(config), tokenizer
 
 
+def _train_dataset() -> Any:
+    """N_TASKS prompts "solve task i", keyed "task-i"."""
+    import datasets
+
+    return datasets.Dataset.from_dict({
+        "prompt": [f"solve task {i}" for i in range(N_TASKS)],
+        "task_key": [f"task-{i}" for i in range(N_TASKS)],
+    })  # fmt: skip
+
+
 def test_real_grpo_trainer_draws_prompts_from_the_service_and_reports_once_per_step(
     address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
 ) -> None:
     need("trl")
-    import datasets
     from trl import GRPOConfig, GRPOTrainer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     model, tokenizer = _tiny_model_and_tokenizer()
-    train = datasets.Dataset.from_dict({
-        "prompt": [f"solve task {i}" for i in range(N_TASKS)],
-        "task_key": [f"task-{i}" for i in range(N_TASKS)],
-    })  # fmt: skip
+    train = _train_dataset()
     seen_keys: list[list[str]] = []
 
     def correct(prompts: list[str], completions: list[str], task_key: list[str], **kwargs: Any) -> list[float]:
@@ -180,16 +186,12 @@ def _grpo_run(
     generation batches per epoch, a checkpoint after every step; it raises
     right after saving checkpoint `crash_at`. Returns every selection it
     made: (request key, server step at selection, task keys), in order."""
-    import datasets
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     model, tokenizer = _tiny_model_and_tokenizer()
-    train = datasets.Dataset.from_dict({
-        "prompt": [f"solve task {i}" for i in range(N_TASKS)],
-        "task_key": [f"task-{i}" for i in range(N_TASKS)],
-    })  # fmt: skip
+    train = _train_dataset()
     bots = BotsGRPO(address, experiment, dataset=train, key_column="task_key", config=GRPO_EXACT, num_batches=3)
     selections: list[tuple[str, int, tuple[str, ...]]] = []
     select = bots.curriculum.select
@@ -369,3 +371,51 @@ def test_reward_calls_are_filed_under_their_generation_batch(client: bots_client
     stray = next(k for k in keys if k not in drawn.keys)
     lenient.reward(reward)(prompts=["p"] * 2, completions=["c"] * 2, task_key=[stray, stray])
     assert lenient.curriculum.dropped_outcomes == 1 and client.get_experiment(exp_name + "-l").step == 0
+
+
+def _two_ranks(address: str, experiment: str, tmp_path: Any, *, overlap: bool, **env: str) -> list[dict[str, Any]]:
+    """A real GRPOTrainer on two processes (trl_ranks.py under torchrun)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = Path(tmp_path) / f"{experiment}-{int(overlap)}"
+    out.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(Path(__file__).with_name("trl_ranks.py")), address, experiment, str(int(overlap)), str(out)]  # fmt: skip
+    root = str(Path(__file__).parents[2])
+    environment = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(command, check=True, env=environment, timeout=300, capture_output=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_two_ranks_overlapped_draw_the_synchronous_batches_under_a_slow_report(
+    address: str, exp_name: str, tmp_path: Any
+) -> None:
+    """With the reporting rank's report slower than the rest of a step, the
+    other rank reached its next draw first and selected the batch from the
+    posterior one report older (before every rank waited for it)."""
+    need("trl")
+    slow = {"REPORT_DELAY": "0.4"}
+    sync = _two_ranks(address, f"{exp_name}-sync", tmp_path, overlap=False, **slow)
+    overlapped = _two_ranks(address, f"{exp_name}-overlap", tmp_path, overlap=True, **slow)
+    assert all(r["error"] is None for r in sync + overlapped)
+    for rank in range(2):
+        # The same request keys, chosen at the same server steps, the same tasks.
+        sync_drawn = [tuple(d[:2]) + (tuple(d[2]),) for d in sync[rank]["drawn"]]
+        overlapped_drawn = [tuple(d[:2]) + (tuple(d[2]),) for d in overlapped[rank]["drawn"]]
+        assert overlapped_drawn[: len(sync_drawn)] == sync_drawn
+    assert [step for _, step, _ in sync[1]["drawn"]][:5] == [0, 0, 1, 2, 3]  # each draw saw the report before
+    assert (overlapped[0]["alpha"], overlapped[0]["beta"], overlapped[0]["step"]) == (
+        sync[0]["alpha"], sync[0]["beta"], sync[0]["step"]
+    )
+
+
+def test_two_ranks_a_failed_background_report_raises_on_every_rank(address: str, exp_name: str, tmp_path: Any) -> None:
+    need("trl")
+    ranks = _two_ranks(address, exp_name, tmp_path, overlap=True, FAIL_REPORT="2")
+    assert "injected: the service went away" in ranks[0]["error"]
+    assert ranks[1]["error"].startswith("ReportingRankError: rank 0's report to the service failed")
+    assert "injected" in ranks[1]["error"]

@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BotsBatchSampler",
     "BotsSampler",
+    "ReportingRankError",
+    "acknowledge_on_every_rank",
     "all_gather_outcomes",
     "broadcast_acknowledgement",
     "tensorboard_listener",
@@ -76,15 +78,43 @@ def broadcast_acknowledgement(curriculum: Curriculum, results: Sequence[ReportRe
     others record the acknowledged step. So no rank selects the next batch
     before the server applied this one, and every rank's checkpoint knows
     the acknowledged step. Without a process group: `results` unchanged."""
+    return acknowledge_on_every_rank(curriculum, lambda: results)
+
+
+class ReportingRankError(RuntimeError):
+    """The reporting rank's report failed; raised on the other ranks (the
+    reporting rank raises the error itself)."""
+
+
+def acknowledge_on_every_rank(
+    curriculum: Curriculum, answer: Callable[[], Sequence[ReportResult]]
+) -> list[ReportResult]:
+    """`broadcast_acknowledgement` of what `answer()` returns (the report, or
+    the wait for the one in the background). If it raises on the reporting
+    rank, the error is broadcast instead and every rank raises: the others
+    ReportingRankError, so none of them waits forever in a collective the
+    reporting rank never joins. Returns the answers on the reporting rank,
+    [] elsewhere."""
     dist = _process_group()
     if dist is None:
-        return list(results)
-    box: list[Any] = [list(results) if curriculum.is_reporter else None]
+        return list(answer())
+    results: list[ReportResult] = []
+    error: BaseException | None = None
+    try:
+        results = list(answer())
+    except Exception as e:  # raised below, after the other ranks have heard of it
+        error = e
+    failure = None if error is None else f"{type(error).__name__}: {error}"
+    box: list[Any] = [(results, failure) if curriculum.is_reporter else None]
     dist.broadcast_object_list(box, src=curriculum.report_rank)
-    acknowledged = box[0] or []
+    acknowledged, reporter_failure = box[0]
+    if error is not None:
+        raise error
+    if reporter_failure is not None:
+        raise ReportingRankError(f"rank {curriculum.report_rank}'s report to the service failed: {reporter_failure}")
     for result in acknowledged:
         curriculum.acknowledge(result.step)
-    return list(results) if curriculum.is_reporter else []
+    return results if curriculum.is_reporter else []
 
 
 def tensorboard_listener(writer: Any, prefix: str = "curriculum/") -> Callable[[CurriculumSignals], None]:
@@ -206,11 +236,10 @@ class _SamplerBase:
         raises its error. Under torch.distributed a collective, like
         `report`: every rank waits until the reporting rank's report is
         acknowledged. Drawing the next batch calls it."""
-        results = self.curriculum.wait()
-        if self._acknowledgement_due:
-            self._acknowledgement_due = False
-            results = broadcast_acknowledgement(self.curriculum, results)
-        return results
+        if not self._acknowledgement_due:
+            return self.curriculum.wait()
+        self._acknowledgement_due = False
+        return acknowledge_on_every_rank(self.curriculum, self.curriculum.wait)
 
     def set_epoch(self, epoch: int) -> None:
         """Go on at epoch `epoch`'s first batch unless already there or past it.
@@ -260,10 +289,11 @@ class _SamplerBase:
             self.curriculum.report_in_background(outcomes, batch=batch, strict=strict)
             self._acknowledgement_due = collective and self.wait_for_report
             return []
-        results = self.curriculum.report(outcomes, batch=batch, strict=strict)
         if collective and self.wait_for_report:
-            results = broadcast_acknowledgement(self.curriculum, results)
-        return results
+            return acknowledge_on_every_rank(
+                self.curriculum, lambda: self.curriculum.report(outcomes, batch=batch, strict=strict)
+            )
+        return self.curriculum.report(outcomes, batch=batch, strict=strict)
 
     def report_rewards(
         self,

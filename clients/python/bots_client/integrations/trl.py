@@ -66,7 +66,7 @@ from bots_client.integrations._core import (
     merge_outcomes,
     torch_sampler,
 )
-from bots_client.integrations.torch import _process_group
+from bots_client.integrations.torch import _process_group, acknowledge_on_every_rank
 from bots_client.types import ExperimentConfig, ReportResult
 
 if TYPE_CHECKING:
@@ -89,8 +89,12 @@ class _RepeatSampler:
         batch_size: int,
         repeat_count: int = 1,
         num_batches: int | None = None,
+        before_draw: Callable[[], Any] | None = None,
     ) -> None:
         self.curriculum = curriculum
+        # BotsGRPO.wait: under torch.distributed no rank draws before the
+        # reporting rank's background report is applied (a collective).
+        self.before_draw = before_draw
         self.mini_repeat_count = int(mini_repeat_count)
         self.batch_size = int(batch_size)
         self.repeat_count = int(repeat_count)
@@ -100,6 +104,8 @@ class _RepeatSampler:
     def __iter__(self) -> Iterator[int]:
         end = (self.step // self.num_batches + 1) * self.num_batches
         while self.step < end:
+            if self.before_draw is not None:
+                self.before_draw()
             batch = self.curriculum.select(self.step, batch_size=self.batch_size)
             self.step += 1
             for _ in range(self.repeat_count):
@@ -209,6 +215,7 @@ class BotsGRPO:
         self.trainer: Any = None
         self.overlap = overlap
         self._step_restored = False
+        self._acknowledgement_due = False  # a collective broadcast owed before the next draw
         self.sampler: _RepeatSampler | None = None
         self.reports: list[ReportResult] = []
         self.log_signals = log_signals
@@ -246,6 +253,7 @@ class BotsGRPO:
             batch_size=prompts,
             repeat_count=trainer.num_iterations * args.steps_per_generation,
             num_batches=self.num_batches,
+            before_draw=self.wait,
         )
         return self.sampler
 
@@ -357,6 +365,10 @@ class BotsGRPO:
             lookahead = 1 if cycle == 1 else 0
             future = self.curriculum.report_in_background(merged, batch=batch, lookahead=lookahead)
             future.add_done_callback(self._acknowledged)
+            # Every rank calls this; the other ranks' next draw must wait for
+            # the reporting rank's report, or they would select the batch
+            # after next from the posterior before it (a wrong batch).
+            self._acknowledgement_due = _process_group() is not None
             return []
         results = self.curriculum.report(merged, batch=batch)
         self.reports.extend(results)
@@ -368,8 +380,16 @@ class BotsGRPO:
 
     def wait(self) -> list[ReportResult]:
         """Wait for the report running in the background and return its
-        answers (they join `reports` as they arrive); raises its error."""
-        return self.curriculum.wait()
+        answers (they join `reports` as they arrive); raises its error. Under
+        torch.distributed a collective after a background report: every rank
+        waits until the reporting rank's report is acknowledged, and its
+        error raises on every rank. Every rank calls it at the same points
+        (the next draw, the next report, the training log, the end of
+        train())."""
+        if not self._acknowledgement_due:
+            return self.curriculum.wait()
+        self._acknowledgement_due = False
+        return acknowledge_on_every_rank(self.curriculum, self.curriculum.wait)
 
     def _generation_batch(self, keys: Sequence[str]) -> SelectedBatch | None:
         """The open batch this generation scored: the newest one whose tasks
