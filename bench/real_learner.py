@@ -36,6 +36,8 @@ over the run is reported beside the steps.
 Deterministic per seed: the task pool, the held-out set, the initial weights
 (family b: after the same warm-up), the rollout sampler's generator and the
 experiment's seed are the same in every arm; torch runs single-threaded.
+Runs on two CPU models can part after a hundred steps or so (torch's float
+results differ between them): compare arms of one machine.
 The metric: steps until the greedy accuracy over the pool (family c: the mean
 score) first reaches each target, evaluated every `eval_every` steps
 (family b also on the held-out set); a miss counts as the step budget. Per

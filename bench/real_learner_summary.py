@@ -4,6 +4,13 @@ averaged over targets and seeds, against each base arm of the run. The
 figure issue 28 and docs/choosing-a-strategy.md quote.
 
     .venv/bin/python -m bench.real_learner_summary bench/results/real-learner*.json
+    .venv/bin/python -m bench.real_learner_summary --merge A.json B.json   # arms of several runs against each other
+
+--merge reads runs of the same benchmark code on the same CPU model as one:
+a run is deterministic per seed there (torch's float results differ between
+CPU models), so an arm measured in one run is compared with the base arms
+(uniform, bots) of another. It stops when the files name different CPUs,
+or an arm and seed present in several files has another curve in each.
 """
 
 from __future__ import annotations
@@ -33,22 +40,54 @@ def mean_ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
     return lines
 
 
-def markdown(paths: Sequence[Path]) -> str:
+def merged(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One result of several runs' curves, its summary rows recomputed
+    against the base arms any of them holds."""
+    from bench.real_learner import Curve, summarize
+    from bench.real_learner_tasks import SPECS
+
+    cpus = {result["machine"]["cpu"] for result in results}
+    if len(cpus) > 1:
+        raise SystemExit(f"runs on different CPUs ({', '.join(sorted(cpus))}) are not comparable seed by seed")
+    curves: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
+    for result in results:
+        for family, data in result["families"].items():
+            for curve in data["curves"]:
+                key = (curve["arm"], curve["seed"])
+                known = curves.setdefault(family, {}).get(key)
+                if known is not None and (known["steps"], known["acc"]) != (curve["steps"], curve["acc"]):
+                    raise SystemExit(f"family {family}, arm {key[0]}, seed {key[1]} differs between the files")
+                curves[family][key] = curve
+    families = {}
+    for family, by_run in curves.items():
+        runs = [Curve(**c) for c in by_run.values()]
+        arms = list(dict.fromkeys(c.arm for c in runs))
+        bases = [b for b in ("uniform", "bots") if b in arms]
+        families[family] = {"summary": summarize(runs, SPECS[family], arms, bases)}
+    return {"families": families}
+
+
+def markdown(paths: Sequence[Path], merge: bool = False) -> str:
     out = [
         "| results | family | arm | seeds | mean per-seed ratio of steps (over every target) |",
         "|---|---|---|---|---|",
     ]
-    for path in paths:
-        for line in mean_ratios(json.loads(path.read_text())):
+    loaded = [(path.stem, json.loads(path.read_text())) for path in paths]
+    if merge:
+        loaded = [(" + ".join(name for name, _ in loaded), merged([result for _, result in loaded]))]
+    for name, result in loaded:
+        for line in mean_ratios(result):
             ratios = ", ".join(f"/ {base} {value:.2f}" for base, value in line["ratios"].items())
-            out.append(f"| {path.stem} | {line['family']} | {line['arm']} | {line['seeds']} | {ratios} |")
+            out.append(f"| {name} | {line['family']} | {line['arm']} | {line['seeds']} | {ratios} |")
     return "\n".join(out) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="+", type=Path, help="JSON written by bench.real_learner")
-    print(markdown(p.parse_args(argv).results), end="")
+    p.add_argument("--merge", action="store_true", help="the files' arms against each other (same code, seeds)")
+    args = p.parse_args(argv)
+    print(markdown(args.results, args.merge), end="")
     return 0
 
 

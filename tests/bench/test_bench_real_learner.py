@@ -106,3 +106,27 @@ def test_an_arm_sets_its_sources_shares() -> None:
     assert real_learner.source_shares({"adaptive_shares": 1.0}, sources) == {}
     with pytest.raises(ValueError, match="--sources"):
         real_learner.source_shares({"first_share": 0.5}, None)
+
+
+def _run(cpu: str, curves: list[dict[str, object]]) -> dict[str, object]:
+    return {"machine": {"cpu": cpu}, "families": {"a": {"curves": curves}}}
+
+
+def _curve(arm: str, seed: int, acc: list[float]) -> dict[str, object]:
+    steps = [10 * i for i in range(len(acc))]
+    return {"family": "a", "arm": arm, "seed": seed, "budget": steps[-1], "steps": steps, "acc": acc}
+
+
+def test_merge_compares_one_runs_arm_with_another_runs_base() -> None:
+    from bench import real_learner_summary
+
+    targets = SPECS["a"].targets  # reached at the first evaluation at or above each
+    bots = _curve("bots", 0, [0.0] + [targets[0]] * 2 + [targets[1]] * 2 + [targets[2]] * 3)  # 10, 30, 50
+    new = _curve("new", 0, [0.0, targets[0], targets[1], targets[2]])  # 10, 20, 30
+    result = real_learner_summary.merged([_run("x", [bots]), _run("x", [new, bots])])
+    [line] = [x for x in real_learner_summary.mean_ratios(result) if x["arm"] == "new"]
+    assert line["ratios"]["bots"] == pytest.approx((10 / 10 + 20 / 30 + 30 / 50) / 3)
+    with pytest.raises(SystemExit, match="different CPUs"):
+        real_learner_summary.merged([_run("x", [bots]), _run("y", [new])])
+    with pytest.raises(SystemExit, match="arm bots, seed 0 differs"):
+        real_learner_summary.merged([_run("x", [bots]), _run("x", [_curve("bots", 0, [0.0, 1.0])])])
