@@ -514,9 +514,11 @@ def test_real_verl_sync_trainer_draws_and_reports_every_batch(
     assert {k.split(":")[0] for k in expected} == set(SOURCES)  # keys data_source:index, both files
     scalars = read_scalars(tmp_path / "tb")  # verl's own Tracking wrote them, at verl's steps
     # Each step's report runs while the step trains: its signals reach the
-    # metrics of the step in which it is done, the next one.
+    # metrics of the step in which it is done, the next one. The last
+    # step's report is made before it trains (nothing would wait for it
+    # after), so that step's metrics hold its own report's signals.
     assert [step for step, _ in scalars["curriculum/server_step"]] == list(range(2, 7))
-    assert [v for _, v in scalars["curriculum/server_step"]] == [float(s) for s in range(1, 6)]
+    assert [v for _, v in scalars["curriculum/server_step"]] == [1.0, 2.0, 3.0, 4.0, 6.0]
     assert "curriculum/batch_success_rate" in scalars and "critic/score/mean" in scalars
     assert [step for step, _ in scalars["val-core/openai/gsm8k/acc/mean@1"]] == [0]  # validation ran, not drawn
     assert run.workers.saved == list(range(1, 7))
@@ -728,3 +730,33 @@ def test_real_verl_background_reports_draw_the_batches_of_synchronous_ones(
     assert background.keys == synchronous.keys
     assert background.alpha.tobytes() == synchronous.alpha.tobytes()
     assert background.beta.tobytes() == synchronous.beta.tobytes()
+
+
+def test_real_verl_a_failed_report_of_the_last_step_stops_the_run(
+    transfer_queue: Any, address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
+) -> None:
+    """After verl's last step no batch is drawn and, with save_freq=-1, no
+    checkpoint is saved: a background report of that step that failed was
+    only logged, and its outcomes were lost while fit() returned."""
+    from omegaconf import OmegaConf
+
+    cfg = trainer_config(tmp_path, address, exp_name, background_report=True)
+    run = Run(OmegaConf.merge(cfg, {"trainer": {"save_freq": -1}}))  # verl's default: no checkpoints
+    assert run.trainer.total_training_steps == 6
+    service = run.dataset.curriculum.client
+    reports = 0
+    send = service.report_outcomes
+
+    def failing_last(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reports
+        reports += 1
+        if reports == 6:
+            raise bots_client.UnavailableError("injected: the service went away")
+        return send(*args, **kwargs)
+
+    service.report_outcomes = failing_last
+    with pytest.raises(bots_client.UnavailableError, match="injected"):
+        run.fit()
+    assert run.workers.saved == []
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (5, 1)  # the last batch is still open: its lease brings it back

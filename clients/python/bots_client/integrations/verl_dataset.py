@@ -225,6 +225,7 @@ class DatasetBatches:
                 if background:
                     cur.report_in_background(outcomes, batch=number, lookahead=None)
                     continue
+                cur.wait()  # reports stay in order
                 results = cur.report(outcomes, batch=number)
             except UnattributedOutcomesError as e:
                 raise UnattributedOutcomesError(
@@ -507,21 +508,38 @@ class _BotsRLDataset:
     # -- reporting --------------------------------------------------------------------
 
     def report_rollouts(
-        self, numbers: Sequence[Any], keys: Sequence[Any], rewards: Sequence[Any], *, where: str = "report"
+        self,
+        numbers: Sequence[Any],
+        keys: Sequence[Any],
+        rewards: Sequence[Any],
+        *,
+        where: str = "report",
+        background: bool | None = None,
     ) -> list[CurriculumSignals]:
         """Report rollouts (one element each: the batch number and task key of
         its row, its reward); see `DatasetBatches.report_rollouts`. Returns
         the signals of the reports finished since the last call: with
-        `background_report` (the default), those of earlier batches."""
+        `background_report` (the default), those of earlier batches.
+        `background` overrides that setting for this report."""
         if self.batches is None:
             raise RuntimeError("the validation dataset draws no batches and reports nothing")
         self.batches.report_rollouts(
-            numbers, keys, rewards, success_threshold=self.success_threshold, where=where, background=self.background
+            numbers,
+            keys,
+            rewards,
+            success_threshold=self.success_threshold,
+            where=where,
+            background=self.background if background is None else background,
         )
         return self._finished.pop()
 
     def report_extra_infos(
-        self, extra_infos: Iterable[Any], rewards: Sequence[Any], *, where: str = "report"
+        self,
+        extra_infos: Iterable[Any],
+        rewards: Sequence[Any],
+        *,
+        where: str = "report",
+        background: bool | None = None,
     ) -> list[CurriculumSignals]:
         """Report rollouts given each one's `extra_info` (which carries the
         task key and the batch number) and reward."""
@@ -537,7 +555,7 @@ class _BotsRLDataset:
                 )
             numbers.append(extra[BATCH_FIELD])
             keys.append(extra[KEY_FIELD])
-        return self.report_rollouts(numbers, keys, rewards, where=where)
+        return self.report_rollouts(numbers, keys, rewards, where=where, background=background)
 
     def on_batch_end(self, batch: Any) -> None:
         """The legacy RayPPOTrainer's hook (`trainer.use_v1=false`), called
@@ -646,7 +664,13 @@ class _BotsReplayBuffer:
         keys = [batch.keys[i] for i in trajectory_sessions(batch.keys)]
         extra_infos, rewards = _read_rollouts(keys, batch.partition_id, dataset.reward_key)
         where = f"BotsReplayBuffer.sample (step {global_steps})"
-        signals = dataset.report_extra_infos(extra_infos, rewards, where=where)
+        # verl's last step (global_steps counts from 1) is followed by no
+        # draw and, unless save_freq lands on it, by no checkpoint: nothing
+        # would wait for a background report, and a failed one would be lost
+        # with a log line. That report is made before the step trains.
+        last = getattr(self._trainer, "total_training_steps", None)
+        final = last is not None and int(global_steps) >= int(last)
+        signals = dataset.report_extra_infos(extra_infos, rewards, where=where, background=False if final else None)
         metrics = dict(metrics)
         for s in signals:
             metrics.update(s.as_dict())
