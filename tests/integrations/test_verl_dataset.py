@@ -732,17 +732,21 @@ def test_real_verl_background_reports_draw_the_batches_of_synchronous_ones(
     assert background.beta.tobytes() == synchronous.beta.tobytes()
 
 
+@pytest.mark.parametrize("total_training_steps", [None, 10])
 def test_real_verl_a_failed_report_of_the_last_step_stops_the_run(
-    transfer_queue: Any, address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
-) -> None:
+    transfer_queue: Any, address: str, client: bots_client.Client, exp_name: str, tmp_path: Path,
+    total_training_steps: int | None,
+) -> None:  # fmt: skip
     """After verl's last step no batch is drawn and, with save_freq=-1, no
     checkpoint is saved: a background report of that step that failed was
-    only logged, and its outcomes were lost while fit() returned."""
+    only logged, and its outcomes were lost while fit() returned. With
+    total_training_steps above 2 epochs' 6 steps, the epochs end the run."""
     from omegaconf import OmegaConf
 
     cfg = trainer_config(tmp_path, address, exp_name, background_report=True)
-    run = Run(OmegaConf.merge(cfg, {"trainer": {"save_freq": -1}}))  # verl's default: no checkpoints
-    assert run.trainer.total_training_steps == 6
+    trainer = {"save_freq": -1, "total_training_steps": total_training_steps}  # verl's default: no checkpoints
+    run = Run(OmegaConf.merge(cfg, {"trainer": trainer}))
+    assert run.trainer.total_training_steps == (total_training_steps or 6)
     service = run.dataset.curriculum.client
     reports = 0
     send = service.report_outcomes

@@ -73,11 +73,8 @@ def _process_group() -> Any:
 
 
 def broadcast_acknowledgement(curriculum: Curriculum, results: Sequence[ReportResult]) -> list[ReportResult]:
-    """Wait, on every rank, until the reporting rank's report is acknowledged
-    (a collective): the reporting rank broadcasts the server's answers, the
-    others record the acknowledged step. So no rank selects the next batch
-    before the server applied this one, and every rank's checkpoint knows
-    the acknowledged step. Without a process group: `results` unchanged."""
+    """`acknowledge_on_every_rank` of answers already in hand (the
+    reporting rank's `results`)."""
     return acknowledge_on_every_rank(curriculum, lambda: results)
 
 
@@ -89,12 +86,16 @@ class ReportingRankError(RuntimeError):
 def acknowledge_on_every_rank(
     curriculum: Curriculum, answer: Callable[[], Sequence[ReportResult]]
 ) -> list[ReportResult]:
-    """`broadcast_acknowledgement` of what `answer()` returns (the report, or
-    the wait for the one in the background). If it raises on the reporting
-    rank, the error is broadcast instead and every rank raises: the others
-    ReportingRankError, so none of them waits forever in a collective the
-    reporting rank never joins. Returns the answers on the reporting rank,
-    [] elsewhere."""
+    """Wait, on every rank, until the reporting rank's report is acknowledged
+    (a collective: every rank must call it). `answer()` is the report, or
+    the wait for the one running in the background; the reporting rank
+    broadcasts what it returns, the others record the acknowledged step. So
+    no rank selects the next batch before the server applied this report,
+    and every rank's checkpoint knows the acknowledged step. If `answer()`
+    raises on the reporting rank, the error is broadcast instead and every
+    rank raises (the others ReportingRankError), rather than waiting in a
+    collective the reporting rank never joins. Returns the answers on the
+    reporting rank, [] elsewhere; without a process group, `answer()`."""
     dist = _process_group()
     if dist is None:
         return list(answer())
@@ -115,6 +116,15 @@ def acknowledge_on_every_rank(
     for result in acknowledged:
         curriculum.acknowledge(result.step)
     return results if curriculum.is_reporter else []
+
+
+def await_background_report(curriculum: Curriculum, collective: bool) -> list[ReportResult]:
+    """The report running in the background: its answers, or its error.
+    `collective`: after a report under torch.distributed, on every rank
+    (`acknowledge_on_every_rank`)."""
+    if collective:
+        return acknowledge_on_every_rank(curriculum, curriculum.wait)
+    return curriculum.wait()
 
 
 def tensorboard_listener(writer: Any, prefix: str = "curriculum/") -> Callable[[CurriculumSignals], None]:
@@ -236,10 +246,8 @@ class _SamplerBase:
         raises its error. Under torch.distributed a collective, like
         `report`: every rank waits until the reporting rank's report is
         acknowledged. Drawing the next batch calls it."""
-        if not self._acknowledgement_due:
-            return self.curriculum.wait()
-        self._acknowledgement_due = False
-        return acknowledge_on_every_rank(self.curriculum, self.curriculum.wait)
+        collective, self._acknowledgement_due = self._acknowledgement_due, False
+        return await_background_report(self.curriculum, collective)
 
     def set_epoch(self, epoch: int) -> None:
         """Go on at epoch `epoch`'s first batch unless already there or past it.

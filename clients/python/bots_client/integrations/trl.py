@@ -66,7 +66,7 @@ from bots_client.integrations._core import (
     merge_outcomes,
     torch_sampler,
 )
-from bots_client.integrations.torch import _process_group, acknowledge_on_every_rank
+from bots_client.integrations.torch import _process_group, await_background_report
 from bots_client.types import ExperimentConfig, ReportResult
 
 if TYPE_CHECKING:
@@ -386,10 +386,8 @@ class BotsGRPO:
         error raises on every rank. Every rank calls it at the same points
         (the next draw, the next report, the training log, the end of
         train())."""
-        if not self._acknowledgement_due:
-            return self.curriculum.wait()
-        self._acknowledgement_due = False
-        return acknowledge_on_every_rank(self.curriculum, self.curriculum.wait)
+        collective, self._acknowledgement_due = self._acknowledgement_due, False
+        return await_background_report(self.curriculum, collective)
 
     def _generation_batch(self, keys: Sequence[str]) -> SelectedBatch | None:
         """The open batch this generation scored: the newest one whose tasks

@@ -665,16 +665,30 @@ class _BotsReplayBuffer:
         extra_infos, rewards = _read_rollouts(keys, batch.partition_id, dataset.reward_key)
         where = f"BotsReplayBuffer.sample (step {global_steps})"
         # verl's last step (global_steps counts from 1) is followed by no
-        # draw and, unless save_freq lands on it, by no checkpoint: nothing
-        # would wait for a background report, and a failed one would be lost
-        # with a log line. That report is made before the step trains.
-        last = getattr(self._trainer, "total_training_steps", None)
-        final = last is not None and int(global_steps) >= int(last)
+        # draw and, with save_freq=-1 (verl's default), by no checkpoint:
+        # nothing would wait for a background report, and a failed one would
+        # be lost with a log line. That report is made before the step trains.
+        final = _is_last_step(self._trainer, int(global_steps))
         signals = dataset.report_extra_infos(extra_infos, rewards, where=where, background=False if final else None)
         metrics = dict(metrics)
         for s in signals:
             metrics.update(s.as_dict())
         return batch, metrics
+
+
+def _is_last_step(trainer: Any, global_steps: int) -> bool:
+    """Whether verl's v1 trainer ends after step `global_steps`: its loop
+    runs while global_steps <= total_training_steps and the epoch is below
+    trainer.total_epochs, whichever ends first (verl 0.9.1 trainer_base)."""
+    total = getattr(trainer, "total_training_steps", None)
+    if total is None:
+        return False
+    last = int(total)
+    per_epoch = getattr(trainer, "steps_per_epoch", None)
+    epochs = _get(_get(getattr(trainer, "config", None), "trainer"), "total_epochs")
+    if per_epoch is not None and epochs is not None:
+        last = min(last, int(per_epoch) * int(epochs))
+    return global_steps >= last
 
 
 def _read_rollouts(keys: Sequence[str], partition_id: str, reward_key: str) -> tuple[list[Any], list[float | None]]:
