@@ -173,3 +173,31 @@ def test_strategies_and_selection_modes_are_the_proto_enum_values() -> None:
     for strategy, mode in itertools.product(STRATEGIES, SELECTION_MODES):
         config = ExperimentConfig(strategy=strategy, selection_mode=mode)
         assert _convert.config_from_proto(_convert.config_to_proto(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("outcome", "problem"),
+    [
+        ((1, 1.9), "has trials = 1.9; trials count rollouts"),
+        ((1, 2, 0.5, 99), "has 4 values"),
+        ((1,), "has 1 values"),
+    ],
+)
+def test_a_malformed_outcome_raises_before_anything_is_sent(
+    new_server: Callable[[], ServerProcess], outcome: tuple[float, ...], problem: str
+) -> None:
+    # int() turned 1.9 trials into 1, and a fourth value was dropped: the
+    # report went out changed, without a word.
+    with bots_client.Client(new_server().address) as client:
+        client.create_experiment("exp", ExperimentConfig(rollouts_per_task=2))
+        client.add_tasks("exp", [Task("a"), Task("b")])
+        batch = client.select_batch("exp", 2, request_key="k")
+        outcomes = {"a": outcome, "b": (1, 2)}
+        for report in (
+            lambda: client.report_outcomes("exp", batch.batch_id, outcomes),  # type: ignore[arg-type]
+            lambda: client.report_and_select("exp", batch.batch_id, outcomes, 2, request_key="k2"),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(ValueError, match=f"the outcome of task 'a' {problem}"):
+                report()
+        assert client.get_experiment("exp").step == 0
+        assert client.report_outcomes("exp", batch.batch_id, {"a": (1, 2.0), "b": (0, 2)}).step == 1  # 2.0 is whole

@@ -76,3 +76,20 @@ async def test_the_async_client_retries_the_same_way(stalling: tuple[Stalling, s
         with pytest.raises(bots_client.DeadlineExceededError):
             await client.create_experiment("e")
     assert stalls.calls == {"GetExperiment": 2, "CreateExperiment": 1}
+
+
+def test_unavailable_is_retried_until_retry_timeout_has_passed() -> None:
+    # A jittered wait that would overshoot the deadline used to end the
+    # retries there: 1.6-2.8 s into a retry_timeout of 3 s.
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens here once closed
+    for _ in range(3):
+        with bots_client.Client(address, timeout=0.5, retry_timeout=2) as client:
+            started = time.monotonic()
+            with pytest.raises(bots_client.UnavailableError):
+                client.get_experiment("e")
+            assert 2.0 <= time.monotonic() - started < 3.5

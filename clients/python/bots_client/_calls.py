@@ -44,13 +44,30 @@ ADD_TASKS_CHUNK_BYTES = 1 << 20
 OutcomeValue = tuple[float, int] | tuple[float, int, float]
 
 
-def outcome_value(value: Sequence[Any]) -> OutcomeValue:
+def outcome_value(value: Sequence[Any], key: str | None = None) -> OutcomeValue:
     """An outcome as the service takes it: (successes, trials[, sum_squares])
-    as float, int[, float]."""
+    as float, int[, float]. Another number of values, or trials that are not
+    a whole number, raise ValueError (`key` names the task in the message)."""
+    trials = _whole_trials(value, key)
     if len(value) == 3:
-        return float(value[0]), int(value[1]), float(value[2])
-    successes, trials = value
-    return float(successes), int(trials)
+        return float(value[0]), trials, float(value[2])
+    return float(value[0]), trials
+
+
+def _whole_trials(value: Sequence[Any], key: str | None) -> int:
+    """value[1] as an int, after checking the outcome's shape: int() alone
+    would turn 1.9 trials into 1 and drop a fourth value without a word."""
+    of = "an outcome" if key is None else f"the outcome of task {key!r}"
+    if len(value) not in (2, 3):
+        raise ValueError(
+            f"{of} has {len(value)} values {tuple(value)!r}; expected (successes, trials) or "
+            "(successes, trials, sum of squared rewards)"
+        )
+    trials = value[1]
+    whole = int(trials)
+    if whole != trials:
+        raise ValueError(f"{of} has trials = {trials!r}; trials count rollouts, a whole number")
+    return whole
 
 
 @dataclass(frozen=True)
@@ -178,10 +195,11 @@ def _add_outcomes(field: RepeatedCompositeFieldContainer[pb.Outcome], outcomes: 
     # extended in are copied again (twice the time for a batch of 256).
     add = field.add
     for k, value in outcomes.items():
+        trials = _whole_trials(value, k)
         if len(value) == 3:
-            add(key=k, successes=float(value[0]), trials=int(value[1]), sum_squares=float(value[2]))
+            add(key=k, successes=float(value[0]), trials=trials, sum_squares=float(value[2]))
         else:
-            add(key=k, successes=float(value[0]), trials=int(value[1]))
+            add(key=k, successes=float(value[0]), trials=trials)
 
 
 def retire_tasks(experiment: str, keys: Iterable[str], retired: bool) -> Call[RetireResult]:

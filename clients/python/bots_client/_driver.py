@@ -63,9 +63,12 @@ class Retries:
         self._maximum = maximum
 
     def delay_after(self, code: grpc.StatusCode) -> float | None:
-        """Seconds to wait before the next attempt, or None: give up."""
+        """Seconds to wait before the next attempt, or None: give up. The
+        last wait is cut to the deadline, so the calls go on until
+        retry_timeout has passed (not until a jittered wait would overshoot)."""
         delay = random.uniform(0, self._backoff)
         self._backoff = min(self._backoff * 2, self._maximum)
-        if code not in self._retried or time.monotonic() + delay > self._deadline:
+        left = self._deadline - time.monotonic()
+        if code not in self._retried or left <= 0:
             return None
-        return delay
+        return min(delay, left)

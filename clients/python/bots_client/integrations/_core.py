@@ -566,7 +566,7 @@ class Curriculum:
     ) -> list[tuple[SelectedBatch, dict[str, OutcomeValue]]]:
         """The outcomes, each open batch with its share of them; what cannot
         be attributed raises (strict) or is dropped and counted."""
-        clean = {str(k): outcome_value(v) for k, v in outcomes.items()}
+        clean = {str(k): outcome_value(v, str(k)) for k, v in outcomes.items()}
         if not clean and self.is_reporter:  # another rank's outcomes are not sent: nothing is lost there
             # Every reward None (or NaN, which TRL makes of None): nothing
             # can be sent, and the batch stays open and leased until it expires.

@@ -144,7 +144,7 @@ def all_gather_outcomes(outcomes: Mapping[str, OutcomeValue]) -> dict[str, Outco
     rank must call it). Without an initialised process group: a copy."""
     dist = _process_group()
     if dist is None:
-        return {k: outcome_value(v) for k, v in outcomes.items()}
+        return {k: outcome_value(v, k) for k, v in outcomes.items()}
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, dict(outcomes))
     return merge_outcomes(parts)

@@ -447,7 +447,7 @@ def _all_gather_keys_and_outcomes(
     under torch.distributed; without a process group: these)."""
     dist = _process_group()
     if dist is None:
-        return keys, {k: outcome_value(v) for k, v in outcomes.items()}
+        return keys, {k: outcome_value(v, k) for k, v in outcomes.items()}
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, (keys, dict(outcomes)))
     return [k for part_keys, _ in parts for k in part_keys], merge_outcomes(o for _, o in parts)
