@@ -8,6 +8,7 @@ import logging
 import math
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -99,6 +100,27 @@ def test_setup_creates_adds_tasks_with_features_and_reattaches(client: bots_clie
     grown = Curriculum(client, exp_name, keys + ["k10", "k11"], batch_size=4, resume=True)
     grown.ensure_ready()
     assert client.get_experiment(exp_name).num_tasks == 12
+
+
+def test_setup_goes_on_when_a_retried_upload_finds_its_tasks_there(client: bots_client.Client, exp_name: str) -> None:
+    # The client retries AddTasks after UNAVAILABLE; when the first attempt
+    # was applied and its answer lost (a server restart), the retry gets
+    # ALREADY_EXISTS, and the trainer stopped at its start.
+    upload = client.add_tasks
+
+    def applied_then_retried(experiment: str, tasks: Any) -> int:
+        tasks = list(tasks)
+        upload(experiment, tasks)
+        return upload(experiment, tasks)  # the retry: the server's real answer to a repeat
+
+    client.add_tasks = applied_then_retried  # type: ignore[method-assign]
+    keys = [f"k{i}" for i in range(6)]
+    Curriculum(client, exp_name, keys, batch_size=2, config=EXACT).ensure_ready()
+    assert client.get_experiment(exp_name).num_tasks == 6
+    # A real conflict still raises: the upload is refused and a task is missing.
+    client.add_tasks = lambda experiment, tasks: upload(experiment, [bots_client.Task("k0")])  # type: ignore[method-assign]
+    with pytest.raises(bots_client.AlreadyExistsError):
+        Curriculum(client, exp_name, [*keys, "k6"], batch_size=2, resume=True).ensure_ready()
 
 
 def test_setup_errors_are_explicit(client: bots_client.Client, exp_name: str) -> None:

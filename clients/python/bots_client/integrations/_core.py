@@ -442,7 +442,16 @@ class Curriculum:
                 )
             missing = [i for i, k in enumerate(self.keys) if k not in present]
         if missing:
-            client.add_tasks(self.experiment, (self._task(i) for i in missing))
+            try:
+                client.add_tasks(self.experiment, (self._task(i) for i in missing))
+            except AlreadyExistsError:
+                # The client retries an upload after UNAVAILABLE; if the
+                # first attempt was applied (its answer lost in a server
+                # restart), the retry finds the tasks there. Fine once every
+                # task is; a real conflict raises.
+                present = set(client.snapshot(self.experiment).keys)
+                if any(self.keys[i] not in present for i in missing):
+                    raise
             log.info("added %d tasks to experiment %r", len(missing), self.experiment)
 
     def prepare_draw(self, number: int, how_to_continue: str) -> None:
