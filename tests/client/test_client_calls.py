@@ -179,6 +179,8 @@ def test_strategies_and_selection_modes_are_the_proto_enum_values() -> None:
     ("outcome", "problem"),
     [
         ((1, 1.9), "has trials = 1.9; trials count rollouts"),
+        ((1, float("inf")), "has trials = inf; trials count rollouts"),
+        ((1, None), "has trials = None; trials count rollouts"),
         ((1, 2, 0.5, 99), "has 4 values"),
         ((1,), "has 1 values"),
     ],

@@ -64,8 +64,11 @@ def _whole_trials(value: Sequence[Any], key: str | None) -> int:
             "(successes, trials, sum of squared rewards)"
         )
     trials = value[1]
-    whole = int(trials)
-    if whole != trials:
+    try:
+        whole = int(trials)
+    except (TypeError, ValueError, OverflowError):  # None, NaN, inf, "a"
+        whole = None
+    if whole is None or whole != trials:
         raise ValueError(f"{of} has trials = {trials!r}; trials count rollouts, a whole number")
     return whole
 
