@@ -13,7 +13,6 @@ from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
 from bots_server.core.experiment import reference_rates
-from bots_server.core.limits import shown
 from bots_server.core.priority import Pacer
 from bots_server.core.quotas import QuotaCheck
 from bots_server.core.runtime import Runtime
@@ -205,10 +204,9 @@ def _check_restored_shares(data: RestoreData) -> None:
         return
     validation.group_shares(data.shares)
     groups = sorted(set(data.groups))
-    unknown = sorted(set(data.shares) - set(groups))
-    if unknown:
-        names = ", ".join(shown(g) for g in unknown[:5])
-        raise InvalidArgument(f"RestoreExperiment: the snapshot has no tasks in groups {names}, which it gives shares")
+    unknown = validation.unknown_share_groups(data.shares, groups)
+    if unknown is not None:
+        raise InvalidArgument(f"RestoreExperiment: the snapshot has no tasks in groups {unknown}, which it gives shares")
     problem = share_problem(data.shares, groups)
     if problem is not None:
         raise InvalidArgument(f"RestoreExperiment: the snapshot's group shares: {problem}")

@@ -113,11 +113,10 @@ class Pool:
         async with rt.locked(name):
             live, _ = await rt.ready(name)
             for _ in range(MAX_WRITE_ATTEMPTS):
-                unknown = sorted(set(shares) - set(live.group_names))
-                if unknown:
-                    shown_names = ", ".join(shown(g) for g in unknown[:5])
+                unknown = validation.unknown_share_groups(shares, live.group_names)
+                if unknown is not None:
                     raise InvalidArgument(
-                        f"SetGroupShares: experiment {name!r} has no tasks in groups {shown_names}; nothing was changed"
+                        f"SetGroupShares: experiment {name!r} has no tasks in groups {unknown}; nothing was changed"
                     )
                 problem = share_problem(shares, live.group_names)
                 if problem is not None:

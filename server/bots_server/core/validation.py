@@ -127,6 +127,13 @@ def group_shares(shares: dict[str, tuple[float, float]]) -> None:
         text("group", name, limits.MAX_GROUP_NAME_LENGTH, empty=False)
 
 
+def unknown_share_groups(shares: dict[str, tuple[float, float]], groups: Sequence[str]) -> str | None:
+    """The names (up to 5, as shown in messages) of the groups `shares`
+    names that have no tasks among `groups`; None when every one has."""
+    unknown = sorted(set(shares) - set(groups))
+    return ", ".join(shown(g) for g in unknown[:5]) if unknown else None
+
+
 def batch_request(batch_size: int, request_key: str) -> None:
     if batch_size < 1:
         raise InvalidArgument(f"batch_size = {batch_size} must be at least 1")
