@@ -564,7 +564,10 @@ class Curriculum:
         `outcomes` count as not selected. A batch that the server already has
         with other outcomes (a trainer resumed from a checkpoint older than
         its last report) is skipped with a warning: the first report stands.
+        A report still running in the background is waited for first (its
+        error raises here), so reports stay in order.
         """
+        self.wait()
         return self._report_groups(self._parts(outcomes, batch, strict))
 
     def _parts(

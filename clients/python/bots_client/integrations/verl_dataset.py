@@ -225,7 +225,6 @@ class DatasetBatches:
                 if background:
                     cur.report_in_background(outcomes, batch=number, lookahead=None)
                     continue
-                cur.wait()  # reports stay in order
                 results = cur.report(outcomes, batch=number)
             except UnattributedOutcomesError as e:
                 raise UnattributedOutcomesError(
