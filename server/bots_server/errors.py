@@ -29,7 +29,16 @@ class PermissionDenied(ServiceError):
 
 
 class ResourceExhausted(ServiceError):
-    """A quota or a per-request bound; the message names the limit."""
+    """A quota or a per-request bound; the message names the limit.
+
+    `retry_after_s`: set where the refusal is momentary (the server is busy
+    with other calls), so the same call later may well succeed; the client
+    gets it as gRPC's retry pushback and retries after it. None: the same
+    call will be refused again (a quota, a bound on one call)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Unavailable(ServiceError):

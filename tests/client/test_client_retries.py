@@ -93,3 +93,71 @@ def test_unavailable_is_retried_until_retry_timeout_has_passed() -> None:
             with pytest.raises(bots_client.UnavailableError):
                 client.get_experiment("e")
             assert 2.0 <= time.monotonic() - started < 3.5
+
+
+class Refusing:
+    """Refuses the first `refusals` calls with RESOURCE_EXHAUSTED, carrying
+    `pushback` as gRPC's retry pushback (None: none), then answers."""
+
+    def __init__(self, refusals: int, pushback: str | None) -> None:
+        self.refusals, self.pushback = refusals, pushback
+        self.calls: list[float] = []
+
+    def behavior(self, request: object, context: grpc.ServicerContext) -> pb.Experiment:
+        self.calls.append(time.monotonic())
+        if len(self.calls) <= self.refusals:
+            if self.pushback is not None:
+                context.set_trailing_metadata((("grpc-retry-pushback-ms", self.pushback),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy")
+        return pb.Experiment(name="e", config=pb.ExperimentConfig())
+
+
+@pytest.fixture
+def refusing(request: pytest.FixtureRequest) -> Iterator[tuple[Refusing, str]]:
+    refusals, pushback = request.param
+    refuser = Refusing(refusals, pushback)
+    handler = grpc.unary_unary_rpc_method_handler(refuser.behavior, response_serializer=lambda m: m.SerializeToString())
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    generic = grpc.method_handlers_generic_handler("bots.v1.TaskSelector", {"CreateExperiment": handler})
+    server.add_generic_rpc_handlers((generic,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield refuser, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+@pytest.mark.parametrize("refusing", [(2, "300")], indirect=True)
+def test_a_refusal_with_a_retry_pushback_is_retried_after_it(refusing: tuple[Refusing, str]) -> None:
+    # Even a create: the server says it wrote nothing and to come back later.
+    refuser, address = refusing
+    with bots_client.Client(address, retry_timeout=10) as client:
+        assert client.create_experiment("e").name == "e"
+    assert len(refuser.calls) == 3
+    assert all(later - earlier >= 0.29 for earlier, later in zip(refuser.calls, refuser.calls[1:]))
+
+
+@pytest.mark.parametrize("refusing", [(1, "300")], indirect=True)
+async def test_the_async_client_follows_the_pushback_too(refusing: tuple[Refusing, str]) -> None:
+    refuser, address = refusing
+    async with bots_client.AsyncClient(address, retry_timeout=10) as client:
+        assert (await client.create_experiment("e")).name == "e"
+    assert len(refuser.calls) == 2 and refuser.calls[1] - refuser.calls[0] >= 0.29
+
+
+@pytest.mark.parametrize("refusing", [(1, None), (1, "-1"), (1, "soon")], indirect=True)
+def test_a_refusal_without_a_valid_pushback_is_final(refusing: tuple[Refusing, str]) -> None:
+    refuser, address = refusing
+    with bots_client.Client(address, retry_timeout=10) as client:
+        with pytest.raises(bots_client.ResourceExhaustedError, match="busy"):
+            client.create_experiment("e")
+    assert len(refuser.calls) == 1
+
+
+@pytest.mark.parametrize("refusing", [(100, "300")], indirect=True)
+def test_pushback_retries_end_at_retry_timeout(refusing: tuple[Refusing, str]) -> None:
+    refuser, address = refusing
+    started = time.monotonic()
+    with bots_client.Client(address, retry_timeout=1.0) as client:
+        with pytest.raises(bots_client.ResourceExhaustedError):
+            client.create_experiment("e")
+    assert 1.0 <= time.monotonic() - started < 2.5 and 3 <= len(refuser.calls) <= 5

@@ -17,6 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bots_client import Client, Task
+from bots_client.errors import ResourceExhaustedError
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_server.testing.processes import rss_bytes
@@ -71,6 +73,9 @@ def test_a_tenant_over_its_budget_waits_then_is_refused_and_others_go_on(budget_
             assert held.result().added == TASKS
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "tenant 'team-a'" in refused.value.details() and "retry in a few seconds" in refused.value.details()
+        # The retry hint as gRPC's retry pushback, beside the request id.
+        trailing = dict(refused.value.trailing_metadata())
+        assert trailing["grpc-retry-pushback-ms"] == "1000" and trailing["x-request-id"]
         assert 4.0 < waited < 30.0  # it waited for room (5 s) before it gave up
         assert other.added == TASKS
         got = stub.GetExperiment(pb.GetExperimentRequest(name=f"up-{tag}"), metadata=bearer("a-writer"), timeout=20)
@@ -78,6 +83,42 @@ def test_a_tenant_over_its_budget_waits_then_is_refused_and_others_go_on(budget_
         # Room again: the same upload now goes through.
         again = stub.AddTasks(chunks(f"up-{tag}", "a2"), metadata=bearer("a-writer"), timeout=60)
         assert again.num_tasks == 2 * TASKS
+
+
+def test_the_client_retries_an_upload_refused_for_want_of_room_until_it_fits(budget_server: ServerProcess) -> None:
+    """A trainer's upload that meets another of its team's holding the room
+    is not lost to a momentary refusal: bots_client follows the retry
+    pushback and the upload lands once the room is free."""
+    tag = uuid.uuid4().hex[:8]
+    with grpc.insecure_channel(budget_server.address) as channel:
+        stub = pb_grpc.TaskSelectorStub(channel)
+        stub.CreateExperiment(pb.CreateExperimentRequest(name=f"wait-{tag}"), metadata=bearer("a-writer"), timeout=20)
+        gate = threading.Event()
+        with ThreadPoolExecutor(2) as pool, Client(budget_server.address, metadata=bearer("a-writer")) as client:
+            held = pool.submit(stub.AddTasks, chunks(f"wait-{tag}", "h", gate=gate), metadata=bearer("a-writer"), timeout=60)
+            time.sleep(1.0)
+            started = time.monotonic()
+            tasks = [Task(key=f"c-{i:06d}") for i in range(TASKS)]
+            retried = pool.submit(client.add_tasks, f"wait-{tag}", tasks)
+            # Past the first refusal (after 5 s of waiting for room).
+            time.sleep(8.0)
+            assert not retried.done()
+            gate.set()
+            assert held.result().added == TASKS
+            assert retried.result() == 2 * TASKS
+            assert time.monotonic() - started > 7.0
+
+
+def test_a_quota_refusal_is_not_retried(budget_server: ServerProcess) -> None:
+    """What will be refused again (a call larger than the budget) comes back
+    at once, without a retry pushback."""
+    tag = uuid.uuid4().hex[:8]
+    with Client(budget_server.address, metadata=bearer("a-writer")) as client:
+        client.create_experiment(f"huge-{tag}")
+        started = time.monotonic()
+        with pytest.raises(ResourceExhaustedError, match="several smaller calls"):
+            client.add_tasks(f"huge-{tag}", [Task(key=f"k-{i:06d}") for i in range(100_000)])
+        assert time.monotonic() - started < 5.0
 
 
 def test_a_snapshot_counts_against_the_same_budget(budget_server: ServerProcess) -> None:

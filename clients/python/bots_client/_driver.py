@@ -48,13 +48,18 @@ def trace_context() -> Metadata:
 
 RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE})
 RETRIED_IDEMPOTENT = RETRIED | {grpc.StatusCode.DEADLINE_EXCEEDED}
+# gRPC's retry pushback (gRFC A6): the server's "try again in this many
+# milliseconds", which it sends with a momentary refusal (RESOURCE_EXHAUSTED
+# while other calls hold its memory), never with a quota.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 class Retries:
     """The retry schedule of one RPC: UNAVAILABLE (a server restart, a database
     outage) is retried after an exponential backoff with full jitter for up to
     retry_timeout seconds, and so is DEADLINE_EXCEEDED for an idempotent RPC
-    (a hung server or network); any other status is final."""
+    (a hung server or network); a failure that carries the server's retry
+    pushback is retried after it (it wrote nothing); any other status is final."""
 
     def __init__(self, retry_timeout: float, idempotent: bool, initial: float = 0.1, maximum: float = 2.0) -> None:
         self._deadline = time.monotonic() + retry_timeout
@@ -62,13 +67,32 @@ class Retries:
         self._backoff = initial
         self._maximum = maximum
 
-    def delay_after(self, code: grpc.StatusCode) -> float | None:
+    def delay_after(self, error: grpc.RpcError) -> float | None:
         """Seconds to wait before the next attempt, or None: give up. The
         last wait is cut to the deadline, so the calls go on until
         retry_timeout has passed (not until a jittered wait would overshoot)."""
         delay = random.uniform(0, self._backoff)
         self._backoff = min(self._backoff * 2, self._maximum)
         left = self._deadline - time.monotonic()
-        if code not in self._retried or left <= 0:
+        pushback = pushback_seconds(error)
+        if pushback is not None:
+            delay = pushback
+        elif error.code() not in self._retried:
+            return None
+        if left <= 0:
             return None
         return min(delay, left)
+
+
+def pushback_seconds(error: grpc.RpcError) -> float | None:
+    """The server's retry pushback in seconds, None without a valid one (a
+    negative or unparsable value means "do not retry", as in gRFC A6)."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if trailing is not None else None) or ():
+        if key == RETRY_PUSHBACK_KEY:
+            try:
+                milliseconds = int(value)
+            except ValueError:
+                return None
+            return milliseconds / 1000 if milliseconds >= 0 else None
+    return None

@@ -86,7 +86,7 @@ class AsyncClient:
                 # A stream's failure surfaces while it is read: read it inside the retry.
                 return [m async for m in response] if rpc.streams_response else await response
             except grpc.RpcError as e:
-                delay = retries.delay_after(e.code())
+                delay = retries.delay_after(e)
                 if delay is None:
                     raise from_rpc_error(e, request_id) from None
             await asyncio.sleep(delay)

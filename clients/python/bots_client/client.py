@@ -99,7 +99,7 @@ class Client:
                 # A stream's failure surfaces while it is read: read it inside the retry.
                 return list(response) if rpc.streams_response else response
             except grpc.RpcError as e:
-                delay = retries.delay_after(e.code())
+                delay = retries.delay_after(e)
                 if delay is None:
                     raise from_rpc_error(e, request_id) from None
             time.sleep(delay)

@@ -8,7 +8,8 @@ a tenant budget, so no caller (nor any number of them) can push the process
 past its memory limit and take every tenant's calls down with it.
 
 A call that does not fit waits up to `wait_s` for others to finish, then
-gets RESOURCE_EXHAUSTED with a retry hint; nothing was written. A call
+gets RESOURCE_EXHAUSTED with a retry hint (gRPC's retry pushback, which
+bots_client follows); nothing was written. A call
 whose charge alone exceeds a budget is refused at once.
 
 Each tenant also runs at most `tenant_calls` of these calls at once; the
@@ -38,6 +39,10 @@ BYTES_PER_STREAMED_TASK = 700
 BYTES_PER_SNAPSHOT_TASK = 100
 BYTES_PER_SNAPSHOT_FEATURES = 400
 _MB = 1024 * 1024
+# A call refused for want of room (after waiting wait_s for it) tells the
+# client to try again this much later: the calls holding the room finish in
+# seconds (bots_client retries it, within its retry_timeout).
+RETRY_AFTER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,8 @@ class Admission:
                     f"{method}: the server is holding {_mb(self.held_total)} for calls in flight "
                     f"({_mb(self.held[tenant])} of them tenant {tenant!r}'s) and this call needs about {_mb(n)} "
                     f"more (--inflight-budget-mb, --tenant-inflight-budget-mb); retry in a few seconds; "
-                    "nothing was written"
+                    "nothing was written",
+                    retry_after_s=RETRY_AFTER_S,
                 ) from None
             self.held_total += n
             self.held[tenant] += n

@@ -71,9 +71,23 @@ def _cut(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE_CHARACTERS else message[:MAX_MESSAGE_CHARACTERS] + "..."
 
 
+# gRPC's retry pushback (gRFC A6): the client waits this many milliseconds
+# before it tries again.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def _trailing_metadata(context: grpc.aio.ServicerContext, error: ServiceError) -> tuple[tuple[str, str], ...]:
+    """The call's trailing metadata with the retry pushback of a momentary
+    refusal added; () leaves it as it is (abort replaces what it is given)."""
+    retry_after_s = getattr(error, "retry_after_s", None)
+    if retry_after_s is None:
+        return ()
+    return (*context.trailing_metadata(), (RETRY_PUSHBACK_KEY, str(round(retry_after_s * 1000))))
+
+
 async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
     if isinstance(error, ServiceError):
-        await context.abort(_code(error), _cut(str(error)))
+        await context.abort(_code(error), _cut(str(error)), _trailing_metadata(context, error))
     log.exception("unexpected error in %s", method)
     request_id = logs.request_id.get()
     reference = f" (request id {request_id})" if request_id else ""

@@ -50,6 +50,9 @@ class _Context:
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
         raise InProcessRpcError(code, details)
 
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
 
 class InProcessService:
     """A SelectorService on its own store and event loop thread. Use as a
