@@ -161,3 +161,114 @@ def test_pushback_retries_end_at_retry_timeout(refusing: tuple[Refusing, str]) -
         with pytest.raises(bots_client.ResourceExhaustedError):
             client.create_experiment("e")
     assert 1.0 <= time.monotonic() - started < 2.5 and 3 <= len(refuser.calls) <= 5
+
+
+class LosingAnswers:
+    """A server that acts on a create or delete and loses the answer
+    (UNAVAILABLE) the first time; the retry then meets what it did
+    (ALREADY_EXISTS, NOT_FOUND). `existing`: the experiment already there
+    before the client's first attempt, if any."""
+
+    def __init__(self, existing: pb.Experiment | None = None) -> None:
+        self.experiment = existing
+        self.calls: list[str] = []
+        # Made by another client between the first attempt and its retry.
+        self.made_by_someone_else: pb.Experiment | None = None
+
+    def create(self, request: pb.CreateExperimentRequest, context: grpc.ServicerContext) -> pb.Experiment:
+        self.calls.append("CreateExperiment")
+        if self.experiment is not None:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"experiment {request.name!r} already exists")
+        self.experiment = self.made_by_someone_else or pb.Experiment(name=request.name, config=request.config)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        raise AssertionError
+
+    def get(self, request: pb.GetExperimentRequest, context: grpc.ServicerContext) -> pb.Experiment:
+        self.calls.append("GetExperiment")
+        if self.experiment is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no such experiment")
+        return self.experiment
+
+    def delete(self, request: pb.DeleteExperimentRequest, context: grpc.ServicerContext) -> pb.DeleteExperimentResponse:
+        self.calls.append("DeleteExperiment")
+        if self.experiment is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"experiment {request.name!r} not found")
+        self.experiment = None
+        context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        raise AssertionError
+
+
+@pytest.fixture
+def losing(request: pytest.FixtureRequest) -> Iterator[tuple[LosingAnswers, str]]:
+    server_side = LosingAnswers(getattr(request, "param", None))
+    serialize = {"response_serializer": lambda m: m.SerializeToString()}
+    handlers = {
+        "CreateExperiment": grpc.unary_unary_rpc_method_handler(
+            server_side.create, request_deserializer=pb.CreateExperimentRequest.FromString, **serialize
+        ),
+        "GetExperiment": grpc.unary_unary_rpc_method_handler(
+            server_side.get, request_deserializer=pb.GetExperimentRequest.FromString, **serialize
+        ),
+        "DeleteExperiment": grpc.unary_unary_rpc_method_handler(
+            server_side.delete, request_deserializer=pb.DeleteExperimentRequest.FromString, **serialize
+        ),
+    }
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bots.v1.TaskSelector", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield server_side, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def test_a_create_whose_answer_was_lost_returns_the_experiment_it_made(losing: tuple[LosingAnswers, str]) -> None:
+    server_side, address = losing
+    config = bots_client.ExperimentConfig(target_success=0.4)
+    with bots_client.Client(address, retry_timeout=10) as client:
+        made = client.create_experiment("e", config)
+        assert made.name == "e" and made.config == config
+        assert server_side.calls == ["CreateExperiment", "CreateExperiment", "GetExperiment"]
+        # The experiment is there: a second create is refused as before.
+        with pytest.raises(bots_client.AlreadyExistsError):
+            client.create_experiment("e", config)
+
+
+def test_a_delete_whose_answer_was_lost_succeeds(losing: tuple[LosingAnswers, str]) -> None:
+    server_side, address = losing
+    server_side.experiment = pb.Experiment(name="e", config=pb.ExperimentConfig())
+    with bots_client.Client(address, retry_timeout=10) as client:
+        client.delete_experiment("e")
+        assert server_side.calls == ["DeleteExperiment", "DeleteExperiment"]
+        with pytest.raises(bots_client.NotFoundError):
+            client.delete_experiment("e")
+
+
+async def test_the_async_client_settles_lost_answers_alike(losing: tuple[LosingAnswers, str]) -> None:
+    server_side, address = losing
+    async with bots_client.AsyncClient(address, retry_timeout=10) as client:
+        assert (await client.create_experiment("e")).name == "e"
+        server_side.calls.clear()
+        # The first delete attempt deletes and loses its answer.
+        server_side.experiment = pb.Experiment(name="e", config=pb.ExperimentConfig())
+        await client.delete_experiment("e")
+        assert server_side.calls == ["DeleteExperiment", "DeleteExperiment"]
+
+
+@pytest.mark.parametrize(
+    "losing", [pb.Experiment(name="e", config=pb.ExperimentConfig(target_success=0.7))], indirect=True
+)
+def test_an_experiment_someone_else_made_is_still_refused(losing: tuple[LosingAnswers, str]) -> None:
+    server_side, address = losing
+    with bots_client.Client(address, retry_timeout=10) as client:
+        # ALREADY_EXISTS with no lost answer before it.
+        with pytest.raises(bots_client.AlreadyExistsError):
+            client.create_experiment("e", bots_client.ExperimentConfig(target_success=0.4))
+        assert server_side.calls == ["CreateExperiment"]
+        # After a lost answer, but not as this create would have left it:
+        # another config, or tasks already added.
+        for other in (pb.Experiment(name="e", config=pb.ExperimentConfig(target_success=0.7)),
+                      pb.Experiment(name="e", config=pb.ExperimentConfig(target_success=0.4), num_tasks=3)):  # fmt: skip
+            server_side.experiment = None
+            server_side.made_by_someone_else = other
+            with pytest.raises(bots_client.AlreadyExistsError):
+                client.create_experiment("e", bots_client.ExperimentConfig(target_success=0.4))

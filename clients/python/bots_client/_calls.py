@@ -21,7 +21,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from bots_client import _convert
-from bots_client.errors import AlreadyExistsError, ConfigMismatchError
+from bots_client.errors import AlreadyExistsError, ConfigMismatchError, NotFoundError
 from bots_client.proto import bots_pb2 as pb
 from bots_client.types import (
     Batch,
@@ -98,8 +98,19 @@ Call: TypeAlias = Generator[Rpc, Any, T]
 
 
 def create_experiment(name: str, config: ExperimentConfig | None) -> Call[Experiment]:
-    request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(config or ExperimentConfig()))
-    return _convert.experiment_from_proto((yield Rpc("CreateExperiment", request)))
+    wanted = config or ExperimentConfig()
+    request = pb.CreateExperimentRequest(name=name, config=_convert.config_to_proto(wanted))
+    try:
+        return _convert.experiment_from_proto((yield Rpc("CreateExperiment", request)))
+    except AlreadyExistsError as e:
+        if not e.after_unanswered_attempt:
+            raise
+        # An earlier attempt may have created it and lost the answer: it did
+        # if the experiment is as a create leaves it, with this config.
+        existing = yield from get_experiment(name)
+        if existing.step or existing.num_tasks or config_differences(wanted, existing.config):
+            raise
+        return existing
 
 
 def get_experiment(name: str) -> Call[Experiment]:
@@ -140,7 +151,13 @@ def list_experiments(page_size: int) -> Call[list[Experiment]]:
 
 
 def delete_experiment(name: str) -> Call[None]:
-    yield Rpc("DeleteExperiment", pb.DeleteExperimentRequest(name=name))
+    try:
+        yield Rpc("DeleteExperiment", pb.DeleteExperimentRequest(name=name))
+    except NotFoundError as e:
+        # An earlier attempt may have deleted it and lost the answer; either
+        # way the experiment is gone, as asked.
+        if not e.after_unanswered_attempt:
+            raise
 
 
 def fork_experiment(source: str, name: str, config: ExperimentConfig | None) -> Call[Experiment]:

@@ -66,6 +66,8 @@ class Retries:
         self._retried = RETRIED_IDEMPOTENT if idempotent else RETRIED
         self._backoff = initial
         self._maximum = maximum
+        # An attempt went unanswered and was retried: it may have acted.
+        self.after_unanswered_attempt = False
 
     def delay_after(self, error: grpc.RpcError) -> float | None:
         """Seconds to wait before the next attempt, or None: give up. The
@@ -81,6 +83,8 @@ class Retries:
             return None
         if left <= 0:
             return None
+        if pushback is None:
+            self.after_unanswered_attempt = True
         return min(delay, left)
 
 

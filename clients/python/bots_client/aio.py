@@ -88,7 +88,7 @@ class AsyncClient:
             except grpc.RpcError as e:
                 delay = retries.delay_after(e)
                 if delay is None:
-                    raise from_rpc_error(e, request_id) from None
+                    raise from_rpc_error(e, request_id, retries.after_unanswered_attempt) from None
             await asyncio.sleep(delay)
 
     async def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:

@@ -101,12 +101,14 @@ class Client:
             except grpc.RpcError as e:
                 delay = retries.delay_after(e)
                 if delay is None:
-                    raise from_rpc_error(e, request_id) from None
+                    raise from_rpc_error(e, request_id, retries.after_unanswered_attempt) from None
             time.sleep(delay)
 
     def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
         """A new experiment; fields of `config` left unset take the defaults.
-        A name already taken raises AlreadyExistsError."""
+        A name already taken raises AlreadyExistsError, unless an attempt of
+        this very call made it and lost its answer (the experiment is then
+        empty, with this config, and is returned)."""
         return self._run(_calls.create_experiment(name, config))
 
     def get_or_create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
@@ -125,7 +127,9 @@ class Client:
         return self._run(_calls.list_experiments(page_size))
 
     def delete_experiment(self, name: str) -> None:
-        """Delete the experiment with its tasks, batches and history."""
+        """Delete the experiment with its tasks, batches and history. An
+        unknown name raises NotFoundError, except on a retry after an attempt
+        whose answer was lost: that attempt may have deleted it."""
         return self._run(_calls.delete_experiment(name))
 
     def fork_experiment(self, source: str, name: str, config: ExperimentConfig | None = None) -> Experiment:

@@ -8,14 +8,23 @@ import grpc
 
 class BotsError(Exception):
     """`request_id`: the x-request-id the call carried; the server's log lines
-    for the call carry it too."""
+    for the call carry it too. `after_unanswered_attempt`: an earlier attempt
+    of the same RPC got no answer (UNAVAILABLE, DEADLINE_EXCEEDED) and was
+    retried, so it may have taken effect before this failure."""
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None, request_id: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        code: grpc.StatusCode | None = None,
+        request_id: str = "",
+        after_unanswered_attempt: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.request_id = request_id
+        self.after_unanswered_attempt = after_unanswered_attempt
         if code is not None:
             self.code = code
 
@@ -91,8 +100,8 @@ _BY_CODE = {
 }
 
 
-def from_rpc_error(error: grpc.RpcError, request_id: str = "") -> BotsError:
+def from_rpc_error(error: grpc.RpcError, request_id: str = "", after_unanswered_attempt: bool = False) -> BotsError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
     cls = _BY_CODE.get(code, BotsError)
-    return cls(details or code.name, code, request_id)
+    return cls(details or code.name, code, request_id, after_unanswered_attempt)
