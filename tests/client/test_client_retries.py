@@ -1,10 +1,12 @@
 """Which failures the client retries: UNAVAILABLE always, DEADLINE_EXCEEDED
-only for calls that repeating cannot change (reads, selects, reports). A real
-gRPC server whose handlers stall on their first call stands in for a hung
-server."""
+only for calls that repeating cannot change (reads, selects, reports), and a
+refusal with the server's retry pushback; and what a create or delete does
+when its retry meets its own lost effect. Real gRPC servers with scripted
+handlers stand in for a hung, busy or failing server."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -34,6 +36,19 @@ class Stalling:
         return grpc.unary_unary_rpc_method_handler(behavior, response_serializer=lambda m: m.SerializeToString())
 
 
+@contextlib.contextmanager
+def serving(handlers: dict[str, grpc.RpcMethodHandler]) -> Iterator[str]:
+    """A real gRPC server answering `handlers` of the service; yields its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bots.v1.TaskSelector", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
 @pytest.fixture
 def stalling() -> Iterator[tuple[Stalling, str]]:
     stalls = Stalling()
@@ -44,12 +59,8 @@ def stalling() -> Iterator[tuple[Stalling, str]]:
         "SelectBatch": stalls.handler("SelectBatch", pb.Batch(batch_id="b", keys=["t"])),
         "ReportOutcomes": stalls.handler("ReportOutcomes", pb.ReportOutcomesResponse(step=1)),
     }
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bots.v1.TaskSelector", handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield stalls, f"127.0.0.1:{port}"
-    server.stop(0)
+    with serving(handlers) as address:
+        yield stalls, address
 
 
 def test_reads_selects_and_reports_are_retried_after_a_deadline(stalling: tuple[Stalling, str]) -> None:
@@ -117,13 +128,8 @@ def refusing(request: pytest.FixtureRequest) -> Iterator[tuple[Refusing, str]]:
     refusals, pushback = request.param
     refuser = Refusing(refusals, pushback)
     handler = grpc.unary_unary_rpc_method_handler(refuser.behavior, response_serializer=lambda m: m.SerializeToString())
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    generic = grpc.method_handlers_generic_handler("bots.v1.TaskSelector", {"CreateExperiment": handler})
-    server.add_generic_rpc_handlers((generic,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield refuser, f"127.0.0.1:{port}"
-    server.stop(0)
+    with serving({"CreateExperiment": handler}) as address:
+        yield refuser, address
 
 
 @pytest.mark.parametrize("refusing", [(2, "300")], indirect=True)
@@ -213,12 +219,8 @@ def losing(request: pytest.FixtureRequest) -> Iterator[tuple[LosingAnswers, str]
             server_side.delete, request_deserializer=pb.DeleteExperimentRequest.FromString, **serialize
         ),
     }
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bots.v1.TaskSelector", handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield server_side, f"127.0.0.1:{port}"
-    server.stop(0)
+    with serving(handlers) as address:
+        yield server_side, address
 
 
 def test_a_create_whose_answer_was_lost_returns_the_experiment_it_made(losing: tuple[LosingAnswers, str]) -> None:
