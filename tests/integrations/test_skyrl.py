@@ -208,6 +208,29 @@ class Generator:
                 "rollout_logprobs": None, "trajectory_ids": batch["trajectory_ids"]}  # fmt: skip
 
 
+class StepWiseGenerator:
+    """SkyRL's step-wise output (generator.step_wise_trajectories), as
+    SkyRLGymGenerator builds it: an entry per turn, the trajectory id
+    repeated, is_last_step on the last turn, and each turn's per-token
+    reward; here two turns, the first rewarded 1 on every rollout, the last
+    as Generator's. SkyRL's advantages take the last turn's reward."""
+
+    async def generate(self, batch: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, list[Any]] = {k: [] for k in ("prompt_token_ids", "response_ids", "rewards", "loss_masks",
+                                                     "stop_reasons", "trajectory_ids", "is_last_step")}  # fmt: skip
+        for p, t in zip(batch["prompts"], batch["trajectory_ids"]):
+            final = float(t.repetition_id < successes_of(int(p[0]["content"].split()[1])))
+            for turn, reward in enumerate((1.0, final)):
+                out["prompt_token_ids"].append([3, 4])
+                out["response_ids"].append([5, 6])
+                out["rewards"].append([0.0, reward])
+                out["loss_masks"].append([1, 1])
+                out["stop_reasons"].append("stop")
+                out["trajectory_ids"].append(t)
+                out["is_last_step"].append(turn == 1)
+        return {**out, "rollout_metrics": None, "rollout_logprobs": None}
+
+
 class Dispatch:
     """Stands in for SkyRL's WorkerDispatch (no model): zero log-probs, a
     recorded training step (which can crash), checkpoint folders."""
@@ -262,7 +285,7 @@ class Engines:
 
 def run_skyrl(
     path: Path, address: str, experiment: str, *, epochs: int = 2, resume: bool = False,
-    crash_at_step: int | None = None, crash_at_report: int | None = None,
+    crash_at_step: int | None = None, crash_at_report: int | None = None, step_wise: bool = False,
 ) -> Any:  # fmt: skip
     """SkyRL's RayPPOTrainer, built as `BasePPOExp._setup_trainer` builds it
     (with BotsPPOExp.get_trainer's trainer), trained as `run()` trains it."""
@@ -288,6 +311,7 @@ def run_skyrl(
     trainer_cfg.enable_ray_gpu_monitor = False
     trainer_cfg.logger = "tensorboard"
     cfg.generator.n_samples_per_prompt = N_ROLLOUTS
+    cfg.generator.step_wise_trajectories = step_wise
     cfg.generator.inference_engine.enable_ray_prometheus_stats = False
     cfg.data.dataloader.num_workers = 0
     dataset = PromptDataset(data_files(path), tokenizer, max_prompt_length=32, num_workers=1)
@@ -297,7 +321,8 @@ def run_skyrl(
             "experiment_config": {"strategy": EXACT.strategy, "forgetting": 0.0, "implicit_weight": 0.0, "seed": 7}}  # fmt: skip
     exp = object.__new__(bots_skyrl.BotsPPOExp)  # its __init__ loads a model's tokenizer; get_trainer is what counts
     exp.bots = bots
-    trainer = exp.get_trainer(cfg, tracker, tokenizer, dataset, None, Engines(), Generator(), None)
+    generator = StepWiseGenerator() if step_wise else Generator()
+    trainer = exp.get_trainer(cfg, tracker, tokenizer, dataset, None, Engines(), generator, None)
     trainer.dispatch = Dispatch(crash_at_step)
     stream = trainer.train_dataloader
     if crash_at_report is not None:
@@ -318,10 +343,12 @@ def run_skyrl(
     return trainer
 
 
+@pytest.mark.parametrize("step_wise", [False, True], ids=["whole trajectories", "step-wise trajectories"])
 def test_real_skyrl_draws_and_reports_every_batch_once(
-    skyrl: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str
+    skyrl: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str, step_wise: bool
 ) -> None:
-    trainer = run_skyrl(tmp_path, address, exp_name)
+    # Step-wise: a trajectory of two turns is one rollout, with its last turn's reward.
+    trainer = run_skyrl(tmp_path, address, exp_name, step_wise=step_wise)
     assert type(trainer).__name__ == "BotsRayPPOTrainer" and trainer.total_training_steps == 6
     exp = client.get_experiment(exp_name)
     assert (exp.step, exp.open_batches) == (6, 0)  # 12 tasks / 4 a batch, 2 epochs numbered on

@@ -14,6 +14,8 @@ each batch out in `generate`; experiments pick their trainer in
   evidence too), in the background: the report overlaps the training step,
   and the next draw waits for it. Every rollout carries SkyRL's uid, the
   dataset index of its prompt, so a reward is filed under its task exactly.
+  With step-wise trajectories (an entry per turn) a trajectory counts once,
+  with its last turn's reward, as SkyRL's advantages take it.
 
 The curriculum signals join each step's metrics, through a SkyRL training
 callback (`on_step_end`), which also waits for the step's report before
@@ -216,7 +218,15 @@ class _BotsRayPPOTrainer:
         metadata = input_batch.get("batch_metadata")
         if metadata is None or str(getattr(metadata, "training_phase", "train")) == "train":
             ids = output.get("trajectory_ids") or input_batch["trajectory_ids"]
-            self.train_dataloader.report([t.instance_id for t in ids], output["rewards"])
+            rewards = output["rewards"]
+            last_steps = output.get("is_last_step")
+            if last_steps is not None:
+                # Step-wise trajectories: an entry per turn, each with that
+                # turn's reward. A trajectory is one rollout, and its reward
+                # is its last turn's, as SkyRL's advantages and metrics take it.
+                ids = [t for t, last in zip(ids, last_steps, strict=True) if last]
+                rewards = [r for r, last in zip(rewards, last_steps, strict=True) if last]
+            self.train_dataloader.report([t.instance_id for t in ids], rewards)
         return output
 
 
