@@ -483,12 +483,30 @@ def test_real_openrlhf_draws_and_reports_every_batch_once(
 
 
 def test_real_openrlhf_with_dynamic_filtering_reports_the_filtered_groups(
-    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str
+    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str, monkeypatch: Any
 ) -> None:
     """Groups that all pass or all fail are dropped by OpenRLHF before
     training and replaced by prompts of the next batch: they are reported
-    all the same, with the batch they were drawn in."""
+    all the same, with the batch they were drawn in. OpenRLHF pulls those
+    replacements (and the prompts of a vLLM call larger than a batch) while
+    earlier rollouts are still out, so a batch may be drawn before the
+    batches still out are reported; but never before one whose rollouts are
+    all back, which is reported at once."""
+    from bots_client.integrations.openrlhf import PromptStream
+
+    draw, unreported_when_drawn = PromptStream._draw, []
+
+    def checked_draw(stream: PromptStream, number: int) -> None:
+        for n, returns in stream.returns.items():
+            batch = stream.curriculum.open_batch(n)
+            back = batch is not None and all(returns.get(k, [0])[0] >= N_ROLLOUTS for k in batch.keys)
+            if stream.handed.get(n, 0) >= stream.batch_size and back:
+                unreported_when_drawn.append((number, n))
+        draw(stream, number)
+
+    monkeypatch.setattr(PromptStream, "_draw", checked_draw)
     group = run_openrlhf(openrlhf, tmp_path, exp_name, address, filtering=True)
+    assert unreported_when_drawn == []  # (batch drawn, complete batch not yet reported)
     exp = client.get_experiment(exp_name)
     assert (exp.step, exp.open_batches) == (6, 0)
     got = counts(client, exp_name)

@@ -11,9 +11,12 @@ objects in OpenRLHF's own trainers and changes nothing else:
   restart gets the same tasks), numbered on across episodes;
 - the samples generator becomes `BotsSamplesGenerator`, which records the
   score of every rollout as vLLM returns it (before dynamic filtering drops
-  a group: a dropped group is evidence too) and, once every prompt of a
+  a group: a dropped group is evidence too) and, once every rollout of a
   batch has come back, reports the batch in the background, so the report
-  overlaps the training step and the next `select` waits for it.
+  overlaps the training step and the next `select` waits for it. (A vLLM
+  call larger than a batch, or dynamic filtering's replacement prompts,
+  make OpenRLHF take the next batch's prompts while rollouts of earlier
+  ones are still out: those draws come before those reports.)
 
 Both trainers get them. `BotsPPOTrainer` (synchronous) also adds the
 curriculum signals to each step's logs. Under `BotsPPOTrainerAsync`
@@ -348,16 +351,20 @@ class _BotsSamplesGenerator:
     def generate_samples(self, **generate_kwargs: Any) -> Any:
         self._bots_recording = True
         try:
-            produced = super().generate_samples(**generate_kwargs)  # type: ignore[misc]
+            return super().generate_samples(**generate_kwargs)  # type: ignore[misc]
         finally:
             self._bots_recording = False
-        self.prompts_dataloader.report_finished()
-        return produced
 
     def _process_response_into_experience(self, response: Mapping[str, Any], **generate_kwargs: Any) -> Any:
         experience = super()._process_response_into_experience(response, **generate_kwargs)  # type: ignore[misc]
         if self._bots_recording:  # not evaluation
-            self.prompts_dataloader.record(response["prompt"], response["label"], response.get("scores"))
+            stream = self.prompts_dataloader
+            stream.record(response["prompt"], response["label"], response.get("scores"))
+            # At once, not at the end of the vLLM call: OpenRLHF may pull the
+            # next batch's prompts within the call (a filtered group's
+            # replacement, vllm_generate_batch_size above the batch), and
+            # their draw should see this batch's outcomes where it can.
+            stream.report_finished()
         return experience
 
 
