@@ -217,6 +217,11 @@ def test_a_fresh_selector_on_a_used_experiment_raises_unless_it_resumes(
     fresh.load_state_dict({"current_index": 0})
     with pytest.raises(bots_client.ExperimentInUseError, match="1 reported steps"):
         fresh.get_indices(4)
+    # Trinity checkpoints before its first explore step (sync_weight): the
+    # refusal comes there, so no state is written that a relaunch would
+    # take for this run's own checkpoint (and resume the other run with).
+    with pytest.raises(bots_client.ExperimentInUseError, match="1 reported steps"):
+        fresh.state_dict()
     other = selector_config(address, exp_name, key_field="id", experiment_config={**EXACT_4, "rollouts_per_task": 8})
     with pytest.raises(bots_client.ConfigMismatchError, match="rollouts_per_task: requested 8, existing 4"):
         BotsSelector(reader(), other).get_indices(4)
@@ -233,6 +238,22 @@ def test_a_fresh_selector_on_a_used_experiment_raises_unless_it_resumes(
     resumed.load_state_dict({"current_index": 0})
     indices, extra = resumed.get_indices(4, return_extra_info=True)
     assert [b["request_key"] for b in extra["batches"]] == ["run2-0"]
+
+
+def test_a_checkpoint_before_the_first_step_relaunches(address: str, client: bots_client.Client, exp_name: str) -> None:
+    """Trinity saves the selector's state before its first explore step; a
+    run whose first step then fails, relaunched from that state, starts at
+    batch 0 (the state names an experiment that exists)."""
+    config = selector_config(address, exp_name, key_field="id", experiment_config=EXACT_4)
+    first = BotsSelector(reader(), config)
+    first.load_state_dict({"current_index": 0})
+    state = json.loads(json.dumps(first.state_dict()))
+    assert (state["step"], state["pending"], state["acknowledged_step"]) == (0, [], 0)
+    again = BotsSelector(reader(), config)
+    again.load_state_dict(state)
+    _, extra = again.get_indices(4, return_extra_info=True)
+    assert [b["request_key"] for b in extra["batches"]] == ["step-0"]
+    assert client.get_experiment(exp_name).open_batches == 1
 
 
 def test_feedback_is_filed_under_the_step_it_came_from(address: str, client: bots_client.Client, exp_name: str) -> None:

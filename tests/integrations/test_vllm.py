@@ -214,6 +214,32 @@ def test_rollout_and_report_against_a_real_server(client: bots_client.Client, ex
         rollout_and_report(client, exp_name, batch, {}, 2, verifier, generate=generate)
 
 
+def test_a_curriculums_batch_is_reported_through_its_curriculum(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    """Reported past its Curriculum, a batch would stay open there and its
+    checkpoint would list it as unreported with no acknowledged step: a
+    resume would then skip the batch in flight. Refused before anything is
+    rolled out."""
+    from bots_client.integrations import Curriculum
+
+    curriculum = Curriculum(client, exp_name, ["t0", "t1", "t2"], batch_size=2, config=bots_client.ExperimentConfig())
+    batch = curriculum.select(0)
+    calls: list[list[str]] = []
+
+    def generate(texts: list[str], n: int) -> list[list[str]]:
+        calls.append(texts)
+        return [["4"] * n for _ in texts]
+
+    with pytest.raises(TypeError, match="curriculum.report"):
+        rollout_and_report(client, exp_name, batch, {"t0": "2*2=", "t1": "3*3=", "t2": "4*4="}, 2, verifier,
+                           generate=generate)  # fmt: skip
+    assert calls == [] and client.get_experiment(exp_name).step == 0
+    rollouts = rollout(dict.fromkeys(batch.keys, "2*2="), 2, verifier, generate=generate)
+    curriculum.report(rollouts.outcomes, batch=batch)
+    assert curriculum.resume_state(1)["pending"] == [] and client.get_experiment(exp_name).step == 1
+
+
 def test_max_tokens_is_required_and_truncation_is_logged(
     endpoint: str, caplog: pytest.LogCaptureFixture
 ) -> None:

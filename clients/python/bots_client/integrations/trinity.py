@@ -307,11 +307,7 @@ class BotsSelector:
         than `batch_size`, and the run reports as many batches as an
         uninterrupted one."""
         self._check_in_flight()
-        if self.curriculum.acknowledged_step is None:
-            # The server step this run starts from, so that a checkpoint taken
-            # before the first report can still tell a lost report.
-            self.curriculum.ensure_ready()
-            self.curriculum.acknowledge(self.curriculum.client.get_experiment(self.curriculum.experiment).step)
+        self._set_up()
         batches = []
         for number, size in self._redraw:
             batches.append(self.curriculum.select(number, batch_size=size or batch_size))
@@ -464,6 +460,18 @@ class BotsSelector:
         ]
         return candidates[0] if len(candidates) == 1 else None
 
+    def _set_up(self) -> None:
+        """Once per run, before its first batch or its first checkpoint: the
+        experiment set up (ExperimentInUseError, ConfigMismatchError raise
+        here) and the server step the run starts from, so that a checkpoint
+        taken before the first report can still tell a lost report. Trinity
+        saves a checkpoint before its first explore step (sync_weight): that
+        one must not name an experiment that does not exist yet, nor stand
+        for a run that was refused."""
+        if self.curriculum.acknowledged_step is None:
+            self.curriculum.ensure_ready()
+            self.curriculum.acknowledge(self.curriculum.client.get_experiment(self.curriculum.experiment).step)
+
     def _is_open(self, batch: SelectedBatch) -> bool:
         return any(b.batch_id == batch.batch_id for b in self.curriculum.open_batches)
 
@@ -478,6 +486,7 @@ class BotsSelector:
         drawn whose feedback had not arrived yet (the explorer runs ahead of
         its feedback) with their sizes, and the server step of the last
         acknowledged report."""
+        self._set_up()
         resume = self.curriculum.resume_state(self.step)
         sizes = {b.number: len(b.keys) for b in self.curriculum.open_batches}
         sizes.update({n: s for n, s in self._redraw if s is not None})

@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from bots_client.integrations._core import OutcomeValue, aggregate_outcomes
+from bots_client.integrations._core import OutcomeValue, SelectedBatch, aggregate_outcomes
 from bots_client.types import ReportResult
 
 if TYPE_CHECKING:
@@ -467,9 +467,17 @@ def rollout_and_report(
     verifier: Verifier,
     **kwargs: Any,
 ) -> tuple[Rollouts, ReportResult]:
-    """Roll out a selected batch (`bots_client.Batch` or `SelectedBatch`),
-    score it and report its per-task outcomes against the batch. `prompts`
-    must hold a prompt for every key of the batch."""
+    """Roll out a batch from `client.select_batch`, score it and report its
+    per-task outcomes against the batch. `prompts` must hold a prompt for
+    every key of the batch. A Curriculum's batch (`SelectedBatch`) is
+    refused: reported past its Curriculum, it would stay open there, and a
+    checkpoint would take it for unreported; roll it out with `rollout` and
+    report through the Curriculum."""
+    if isinstance(batch, SelectedBatch):
+        raise TypeError(
+            f"batch {batch.number} was drawn by a Curriculum: roll it out with rollout(...) and report "
+            "rollouts.outcomes through curriculum.report(..., batch=batch), so that its checkpoints know it reported"
+        )
     missing = [k for k in batch.keys if k not in prompts]
     if missing:
         raise KeyError(f"no prompt for {len(missing)} tasks of the batch, e.g. {missing[:3]}")
