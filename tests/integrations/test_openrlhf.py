@@ -24,6 +24,7 @@ from them at module level.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
@@ -439,9 +440,12 @@ def run_openrlhf(
 
         stream.report_finished = crash
     try:
-        trainer.fit()
-    finally:
-        stream.curriculum.wait()
+        trainer.fit()  # which waits for its last report itself
+    except BaseException:
+        with contextlib.suppress(Exception):
+            stream.curriculum.wait()  # a crashed run's report still in flight lands before the next run
+        raise
+    assert stream.curriculum._background is None
     return group
 
 
@@ -483,30 +487,12 @@ def test_real_openrlhf_draws_and_reports_every_batch_once(
 
 
 def test_real_openrlhf_with_dynamic_filtering_reports_the_filtered_groups(
-    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str, monkeypatch: Any
+    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str
 ) -> None:
     """Groups that all pass or all fail are dropped by OpenRLHF before
     training and replaced by prompts of the next batch: they are reported
-    all the same, with the batch they were drawn in. OpenRLHF pulls those
-    replacements (and the prompts of a vLLM call larger than a batch) while
-    earlier rollouts are still out, so a batch may be drawn before the
-    batches still out are reported; but never before one whose rollouts are
-    all back, which is reported at once."""
-    from bots_client.integrations.openrlhf import PromptStream
-
-    draw, unreported_when_drawn = PromptStream._draw, []
-
-    def checked_draw(stream: PromptStream, number: int) -> None:
-        for n, returns in stream.returns.items():
-            batch = stream.curriculum.open_batch(n)
-            back = batch is not None and all(returns.get(k, [0])[0] >= N_ROLLOUTS for k in batch.keys)
-            if stream.handed.get(n, 0) >= stream.batch_size and back:
-                unreported_when_drawn.append((number, n))
-        draw(stream, number)
-
-    monkeypatch.setattr(PromptStream, "_draw", checked_draw)
+    all the same, with the batch they were drawn in."""
     group = run_openrlhf(openrlhf, tmp_path, exp_name, address, filtering=True)
-    assert unreported_when_drawn == []  # (batch drawn, complete batch not yet reported)
     exp = client.get_experiment(exp_name)
     assert (exp.step, exp.open_batches) == (6, 0)
     got = counts(client, exp_name)
@@ -514,6 +500,44 @@ def test_real_openrlhf_with_dynamic_filtering_reports_the_filtered_groups(
     trained = trained_counts(group)
     assert trained and all(0 < s < s + f for s, f in trained.values())  # only mixed groups were trained on
     assert sum(a + b for a, b in trained.values()) < 24 * N_ROLLOUTS
+
+
+def test_real_openrlhf_a_failed_last_report_raises_when_no_step_follows_it(
+    openrlhf: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str, monkeypatch: Any
+) -> None:
+    """When the last vLLM call leaves nothing to train on (every group of
+    it filtered), OpenRLHF's fit stops without another step, so nothing
+    waited for that call's report: its failure was only logged and its
+    outcomes lost while fit returned."""
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    generate = SamplesGenerator.generate_samples
+
+    def last_call_all_filtered(self: Any, **kwargs: Any) -> Any:
+        samples, rate, consumed, exhausted = generate(self, **kwargs)
+        stream = self.prompts_dataloader
+        last = stream.next_number >= stream.pass_end and not stream._half_drawn()  # it drew the last batch
+        return ([] if last else samples), rate, consumed, exhausted
+
+    reports = 0
+
+    def failing_last(send: Any) -> Any:
+        def report(self: bots_client.Client, *args: Any, **kwargs: Any) -> Any:
+            nonlocal reports
+            reports += 1
+            if reports == 6:  # the last batch's
+                raise bots_client.UnavailableError("injected: the service went away")
+            return send(self, *args, **kwargs)
+
+        return report
+
+    monkeypatch.setattr(SamplesGenerator, "generate_samples", last_call_all_filtered)
+    for method in ("report_outcomes", "report_and_select"):
+        monkeypatch.setattr(bots_client.Client, method, failing_last(getattr(bots_client.Client, method)))
+    with pytest.raises(bots_client.UnavailableError, match="injected"):
+        run_openrlhf(openrlhf, tmp_path, exp_name, address)
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (5, 1)  # the last batch is still open: its lease brings it back
 
 
 _UNINTERRUPTED: dict[bool, str] = {}

@@ -11,12 +11,13 @@ objects in OpenRLHF's own trainers and changes nothing else:
   restart gets the same tasks), numbered on across episodes;
 - the samples generator becomes `BotsSamplesGenerator`, which records the
   score of every rollout as vLLM returns it (before dynamic filtering drops
-  a group: a dropped group is evidence too) and, once every rollout of a
-  batch has come back, reports the batch in the background, so the report
-  overlaps the training step and the next `select` waits for it. (A vLLM
-  call larger than a batch, or dynamic filtering's replacement prompts,
-  make OpenRLHF take the next batch's prompts while rollouts of earlier
-  ones are still out: those draws come before those reports.)
+  a group: a dropped group is evidence too) and, at the end of each vLLM
+  call, reports each batch whose rollouts are all back in the background,
+  so the report overlaps the training step and the next `select` waits for
+  it. (A call larger than a batch, or dynamic filtering's replacements,
+  take the next batch's prompts inside the call: those draws come before
+  the call's reports. Reporting at the end of the call keeps the batches
+  independent of the order vLLM's answers arrive in.)
 
 Both trainers get them. `BotsPPOTrainer` (synchronous) also adds the
 curriculum signals to each step's logs. Under `BotsPPOTrainerAsync`
@@ -351,20 +352,16 @@ class _BotsSamplesGenerator:
     def generate_samples(self, **generate_kwargs: Any) -> Any:
         self._bots_recording = True
         try:
-            return super().generate_samples(**generate_kwargs)  # type: ignore[misc]
+            produced = super().generate_samples(**generate_kwargs)  # type: ignore[misc]
         finally:
             self._bots_recording = False
+        self.prompts_dataloader.report_finished()
+        return produced
 
     def _process_response_into_experience(self, response: Mapping[str, Any], **generate_kwargs: Any) -> Any:
         experience = super()._process_response_into_experience(response, **generate_kwargs)  # type: ignore[misc]
         if self._bots_recording:  # not evaluation
-            stream = self.prompts_dataloader
-            stream.record(response["prompt"], response["label"], response.get("scores"))
-            # At once, not at the end of the vLLM call: OpenRLHF may pull the
-            # next batch's prompts within the call (a filtered group's
-            # replacement, vllm_generate_batch_size above the batch), and
-            # their draw should see this batch's outcomes where it can.
-            stream.report_finished()
+            self.prompts_dataloader.record(response["prompt"], response["label"], response.get("scores"))
         return experience
 
 
@@ -399,6 +396,12 @@ class _BotsPPOTrainer:
         status.update(self.prompts_dataloader.pop_signals())
         return status, step
 
+    def fit(self, *args: Any, **kwargs: Any) -> None:
+        super().fit(*args, **kwargs)  # type: ignore[misc]
+        # The last report, whose error no step raised if the last vLLM call
+        # left nothing to train on (OpenRLHF then stops without a step).
+        self.prompts_dataloader.curriculum.wait()
+
 
 class _BotsGenerateSamplesActor:
     """OpenRLHF's asynchronous generator actor with the service's prompt
@@ -406,10 +409,17 @@ class _BotsGenerateSamplesActor:
     draws the next, so the training actor's queue holds reported batches."""
 
     samples_generator: Any
+    prompts_dataloader: Any
 
     def __init__(self, pretrain: str, strategy: Any, vllm_engines: Any, **kwargs: Any) -> None:
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)  # type: ignore[call-arg]
         _use_stream(self, strategy, self.samples_generator.tokenizer, vllm_engines)
+
+    def fit(self, *args: Any, **kwargs: Any) -> None:
+        super().fit(*args, **kwargs)  # type: ignore[misc]
+        # As the synchronous trainer's: a last call that produced nothing
+        # queued no batch, so no checkpoint state waited for its report.
+        self.prompts_dataloader.curriculum.wait()
 
 
 class _BotsPPOTrainerAsync:
