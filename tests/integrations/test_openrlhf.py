@@ -134,6 +134,34 @@ def test_a_half_drawn_batch_waits_for_its_last_prompt(address: str, client: bots
     assert [p for p, _ in roll_out(s, it, 4)] == [f"question {s.rows[i][1].split()[1]}" for i in s.current.indices]
 
 
+def test_rows_that_differ_only_by_their_images_are_different_tasks(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    """A multimodal dataset asks one question of many images: each image is
+    a task of its own, and a rollout is filed under the one it came with
+    (OpenRLHF passes the row's images back with each rollout)."""
+    data = [("vqa", "<image>What is shown?", "yes", [f"img/{i}.png"]) for i in range(8)]
+    keys = [task_key(*row) for row in data]
+    assert len(set(keys)) == 8 and task_key("gsm8k", "question 1", "1") == task_key("gsm8k", "question 1", "1", None)
+    cur = Curriculum(address, exp_name, keys, batch_size=4, config=EXACT, rank=0, world_size=1)
+    s = PromptStream(cur, data, rollouts_per_prompt=N_ROLLOUTS)
+    it = iter(s)
+    drawn = [next(it) for _ in range(4)]
+    for i, (_, (prompt,), (label,), (images,)) in enumerate(drawn):
+        for j in range(N_ROLLOUTS):
+            s.record(prompt, label, 1.0 if j < i else 0.0, images)
+    with pytest.raises(ValueError, match="not in this dataset"):
+        s.record("<image>What is shown?", "yes", 1.0, ["img/unknown.png"])
+    s.report_finished()
+    s.curriculum.wait()
+    expected = {}
+    for i, (_, (prompt,), (label,), (images,)) in enumerate(drawn):
+        won = min(i, N_ROLLOUTS)
+        expected[task_key("vqa", prompt, label, images)] = (float(won), float(N_ROLLOUTS - won))
+    got = counts(client, exp_name)
+    assert {k: got[k] for k in expected} == expected
+
+
 def test_rollouts_outside_the_dataset_or_beyond_their_count_are_refused(address: str, exp_name: str) -> None:
     s = stream(address, exp_name)
     it = iter(s)

@@ -37,8 +37,9 @@ actor in `strategy.args.bots`:
         --reward.remote_url reward.py ...every train_ppo_ray argument...
 
 A rollout is attributed to its task by what OpenRLHF carries with it: the
-prompt and the label. The task key is a digest of the row's datasource,
-prompt and label, so rows with the same three are one task; keys need no
+prompt, the label and a multimodal row's images. The task key is a digest
+of the row's datasource, prompt, label and images, so rows with the same
+four are one task; keys need no
 column and always arrive, across several data files. Scores must be known
 when a rollout is generated: a reward function or an agent
 (`--reward.remote_url` or `--train.agent_func_path`), not a reward model.
@@ -96,9 +97,11 @@ SCORES_AT_GENERATION = (
 OPTIONS = ("address", "experiment", "experiment_config", "success_threshold", "request_prefix", "resume")
 
 
-def task_key(datasource: Any, prompt: Any, label: Any) -> str:
-    """A row's task key: a digest of what OpenRLHF carries with each rollout."""
-    text = json.dumps([str(datasource), _plain(prompt), _plain(label)], sort_keys=True, default=str)
+def task_key(datasource: Any, prompt: Any, label: Any, images: Any = None) -> str:
+    """A row's task key: a digest of what OpenRLHF carries with each rollout
+    (a multimodal row's images too: rows that share a prompt and a label,
+    "What is shown?", are different tasks when their images differ)."""
+    text = json.dumps([str(datasource), *_fields(prompt, label, images)], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -106,8 +109,13 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, str | int | float | bool | type(None) | list | dict) else repr(value)
 
 
-def _content(prompt: Any, label: Any) -> str:
-    return json.dumps([_plain(prompt), _plain(label)], sort_keys=True, default=str)
+def _fields(prompt: Any, label: Any, images: Any) -> list[Any]:
+    # Without images, the fields as before images counted: text-only keys stay.
+    return [_plain(prompt), _plain(label)] + ([] if images is None else [_plain(images)])
+
+
+def _content(prompt: Any, label: Any, images: Any = None) -> str:
+    return json.dumps(_fields(prompt, label, images), sort_keys=True, default=str)
 
 
 class PromptStream:
@@ -134,12 +142,12 @@ class PromptStream:
         self.rows = rows
         self.key_of: dict[str, str] = {}
         for i, key in enumerate(curriculum.keys):
-            _, prompt, label, _ = rows[i]
-            if self.key_of.setdefault(_content(prompt, label), key) != key:
+            _, prompt, label, images = rows[i]
+            if self.key_of.setdefault(_content(prompt, label, images), key) != key:
                 raise ValueError(
-                    f"two rows of different datasources have the prompt and label of row {i} ({str(prompt)[:60]!r}); "
-                    "OpenRLHF carries only those with a rollout, so their outcomes could not be told apart: keep "
-                    "one of them, or make the prompts differ"
+                    f"two rows of different datasources have the prompt, label and images of row {i} "
+                    f"({str(prompt)[:60]!r}); OpenRLHF carries only those with a rollout, so their outcomes could "
+                    "not be told apart: keep one of them, or make the prompts differ"
                 )
         self.rollouts_per_prompt = int(rollouts_per_prompt)
         self.success_threshold = success_threshold
@@ -194,12 +202,14 @@ class PromptStream:
 
     # -- outcomes ---------------------------------------------------------------------
 
-    def record(self, prompt: Any, label: Any, score: Any) -> None:
+    def record(self, prompt: Any, label: Any, score: Any, images: Any = None) -> None:
         """File one rollout's score (None: its reward could not be computed)
         under the oldest open batch whose copy of the task still lacks rollouts."""
-        key = self.key_of.get(_content(prompt, label))
+        key = self.key_of.get(_content(prompt, label, images))
         if key is None:
-            raise ValueError(f"a rollout's prompt and label are not in this dataset (prompt {str(prompt)[:80]!r})")
+            raise ValueError(
+                f"a rollout's prompt, label and images are not in this dataset (prompt {str(prompt)[:80]!r})"
+            )
         for number in sorted(self.returns):
             batch = self.curriculum.open_batch(number)
             if batch is None or key not in batch.keys:
@@ -321,7 +331,7 @@ def build_stream(dataset: Any, args: Any) -> PromptStream:
     config = dict(options.get("experiment_config") or {})
     config.setdefault("rollouts_per_task", n)
     rows = [dataset[i] for i in range(len(dataset))]
-    keys = [task_key(ds, prompt, label) for ds, prompt, label, _ in rows]
+    keys = [task_key(*row) for row in rows]
     unique = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())  # first row of each key
     curriculum = Curriculum(
         str(address),
@@ -361,7 +371,9 @@ class _BotsSamplesGenerator:
     def _process_response_into_experience(self, response: Mapping[str, Any], **generate_kwargs: Any) -> Any:
         experience = super()._process_response_into_experience(response, **generate_kwargs)  # type: ignore[misc]
         if self._bots_recording:  # not evaluation
-            self.prompts_dataloader.record(response["prompt"], response["label"], response.get("scores"))
+            self.prompts_dataloader.record(
+                response["prompt"], response["label"], response.get("scores"), response.get("images")
+            )
         return experience
 
 
