@@ -286,6 +286,7 @@ class Engines:
 def run_skyrl(
     path: Path, address: str, experiment: str, *, epochs: int = 2, resume: bool = False,
     crash_at_step: int | None = None, crash_at_report: int | None = None, step_wise: bool = False,
+    request_prefix: str = "step",
 ) -> Any:  # fmt: skip
     """SkyRL's RayPPOTrainer, built as `BasePPOExp._setup_trainer` builds it
     (with BotsPPOExp.get_trainer's trainer), trained as `run()` trains it."""
@@ -317,7 +318,7 @@ def run_skyrl(
     dataset = PromptDataset(data_files(path), tokenizer, max_prompt_length=32, num_workers=1)
     os.environ["TENSORBOARD_DIR"] = str(path / "tb")
     tracker = Tracking("bots", experiment, backend="tensorboard", config=cfg)
-    bots = {"address": address, "experiment": experiment,
+    bots = {"address": address, "experiment": experiment, "request_prefix": request_prefix,
             "experiment_config": {"strategy": EXACT.strategy, "forgetting": 0.0, "implicit_weight": 0.0, "seed": 7}}  # fmt: skip
     exp = object.__new__(bots_skyrl.BotsPPOExp)  # its __init__ loads a model's tokenizer; get_trainer is what counts
     exp.bots = bots
@@ -383,6 +384,21 @@ def test_real_skyrl_resumes_from_its_checkpoint_exactly_once(
         exp = client.get_experiment(name)
         assert (exp.step, exp.open_batches) == (6, 0), name
     assert counts(client, exp_name) == counts(client, exp_name + "-again")
+
+
+def test_real_skyrl_a_checkpoint_that_does_not_load_stops_the_run(
+    skyrl: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    """SkyRL catches an error of the dataloader's load_state_dict, logs a
+    warning and starts the data over: the stream raises that error at its
+    first draw instead, before anything is drawn or reported."""
+    with pytest.raises(RuntimeError, match="crash"):
+        run_skyrl(tmp_path, address, exp_name, crash_at_step=2)
+    before = client.get_experiment(exp_name)
+    with pytest.raises(RuntimeError, match=r"did not load.*request_prefix = 'step', this run 'other'"):
+        run_skyrl(tmp_path, address, exp_name, resume=True, request_prefix="other")
+    after = client.get_experiment(exp_name)
+    assert (after.step, after.open_batches) == (before.step, before.open_batches)
 
 
 def test_real_skyrl_a_dataset_without_task_keys_is_refused_at_start(

@@ -87,6 +87,9 @@ class BatchStream:
         self.current: SelectedBatch | None = None
         self.pass_end = 0  # the batch number this epoch's pass stops before
         self._resumed_pass_end: int | None = None
+        # Why the checkpoint's state did not load: SkyRL catches that error,
+        # logs a warning and goes on from batch 0, so the first draw raises it.
+        self._load_error: Exception | None = None
         self.signals = SignalLog(curriculum)
 
     def __len__(self) -> int:
@@ -105,6 +108,11 @@ class BatchStream:
             yield self.dataset.collate_fn([self.dataset[i] for i in self.current.indices])
 
     def _draw(self, number: int) -> SelectedBatch:
+        if self._load_error is not None:
+            raise RuntimeError(
+                f"the checkpoint's data.pt did not load into the batch stream ({self._load_error}); SkyRL logged "
+                "that as a warning and would start over from batch 0: fix what the error names, or start a new run"
+            ) from self._load_error
         self.curriculum.prepare_draw(
             number,
             "In SkyRL: resume from this run's checkpoint (trainer.resume_mode; its data.pt carries this stream's "
@@ -149,8 +157,13 @@ class BatchStream:
         return {**self.curriculum.checkpoint_state(self.next_number), "pass_end": self.pass_end}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.next_number = self.curriculum.resume_from(state, "batch stream")
-        self._resumed_pass_end = int(state["pass_end"])
+        try:
+            self.next_number = self.curriculum.resume_from(state, "batch stream")
+            self._resumed_pass_end = int(state["pass_end"])
+        except Exception as e:
+            self._load_error = e
+            raise
+        self._load_error = None
         self.current = None
 
 
