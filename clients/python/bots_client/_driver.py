@@ -91,8 +91,8 @@ class Retries:
 def pushback_seconds(error: grpc.RpcError) -> float | None:
     """The server's retry pushback in seconds, None without a valid one (a
     negative or unparsable value means "do not retry", as in gRFC A6)."""
-    trailing = getattr(error, "trailing_metadata", None)
-    for key, value in (trailing() if trailing is not None else None) or ():
+    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailing or ():
         if key == RETRY_PUSHBACK_KEY:
             try:
                 milliseconds = int(value)
