@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from typing import Any
 
 import grpc
 
@@ -91,7 +92,8 @@ class Retries:
 def pushback_seconds(error: grpc.RpcError) -> float | None:
     """The server's retry pushback in seconds, None without a valid one (a
     negative or unparsable value means "do not retry", as in gRFC A6)."""
-    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    # (key, value) pairs: grpc's _Metadatum tuples, or grpc.aio's Metadata.
+    trailing: Any = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == RETRY_PUSHBACK_KEY:
             try:
