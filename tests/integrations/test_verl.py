@@ -262,13 +262,16 @@ def test_state_dict_resumes_at_the_right_batch(address: str, exp_name: str) -> N
         next(it)
     batches = [b.keys for b in first.curriculum.open_batches]
     state = first.state_dict()
-    assert state["experiment"] == exp_name and state["step"] == 2
+    # Before any report: the server step the run started from, so that the
+    # two batches drawn and never reported are drawn again on resume.
+    assert state["experiment"] == exp_name and (state["step"], state["pending"], state["acknowledged_step"]) == (
+        2, [0, 1], 0)  # fmt: skip
     resumed = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))
     assert not resumed.curriculum.resume
     resumed.load_state_dict(state)  # a checkpoint's state: this run continues the experiment
     assert resumed.curriculum.resume
     next(iter(resumed))
-    assert resumed.last_batch.number == 2 and resumed.last_batch.keys not in batches
+    assert resumed.last_batch.number == 0 and resumed.last_batch.keys == batches[0]
 
 
 # -- the real verl ---------------------------------------------------------------------
@@ -371,7 +374,7 @@ def verl_fit(
     sampler: Any,
     *,
     start: int,
-    total: int,
+    epochs: int,
     checkpoint: dict[str, Any] | None = None,
     save_at: int | None = None,
     crash: str | None = None,
@@ -379,8 +382,10 @@ def verl_fit(
     """RayPPOTrainer.fit's order around the sampler: for each batch of a
     StatefulDataLoader, roll out, save the checkpoint (the dataloader's
     state) when due, *then* call `sampler.update(batch)`. Steps count from 1
-    like verl's global_steps; `crash` ("before_update" or "after_update")
-    stops the run at the checkpoint of step `save_at`."""
+    like verl's global_steps, epochs from global_steps // len(loader), and
+    the step budget is epochs * len(loader) (ray_trainer.py); `crash`
+    ("before_update" or "after_update") stops the run at the checkpoint of
+    step `save_at`."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     loader = StatefulDataLoader(RLHFLike(), batch_size=4, sampler=sampler, num_workers=0, drop_last=True,
@@ -388,7 +393,8 @@ def verl_fit(
     if checkpoint is not None:
         loader.load_state_dict(checkpoint)
     global_steps = start
-    for _epoch in range(start // len(loader), total):
+    total = epochs * len(loader)
+    for _epoch in range(start // len(loader), epochs):
         for rows in loader:
             global_steps += 1
             index_values = [r["index"] for r in rows]
@@ -412,21 +418,25 @@ def test_resume_from_verl_checkpoints_reports_every_batch_once(
     need("torchdata")
     from tests.integrations.test_torch import recorded
 
-    total = 8  # epochs of 3 batches
+    epochs = 3  # of 3 batches
+    total = 9
     ref = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name + "-ref"))
     reference = recorded(ref)
-    verl_fit(ref, start=0, total=total)
+    verl_fit(ref, start=0, epochs=epochs)
     assert [(k, s) for k, s, _ in reference] == [(f"step-{i}", i) for i in range(total)]
     ref_snap = client.snapshot(exp_name + "-ref")
-    cases = [(3, "after_update"), (3, "before_update"), (4, "before_update"), (5, "after_update")]
+    # Before the update at the first step (no report yet), mid-epoch, and at
+    # an epoch's last step (the batch drawn again opens the next epoch).
+    cases = [(1, "before_update"), (3, "after_update"), (3, "before_update"), (4, "before_update"),
+             (5, "after_update"), (6, "before_update")]  # fmt: skip
     for save_at, crash in cases:
         name = f"{exp_name}-{save_at}-{crash}"
         first = BotsCurriculumSampler(RLHFLike(), data_config(address, name))
         first_selections = recorded(first)
-        checkpoint = verl_fit(first, start=0, total=total, save_at=save_at, crash=crash)
+        checkpoint = verl_fit(first, start=0, epochs=epochs, save_at=save_at, crash=crash)
         resumed = BotsCurriculumSampler(RLHFLike(), data_config(address, name))
         selections = recorded(resumed)
-        verl_fit(resumed, start=save_at, total=total, checkpoint=checkpoint)
+        verl_fit(resumed, start=save_at, epochs=epochs, checkpoint=checkpoint)
         if crash == "before_update":
             # Batch save_at - 1 trained, checkpointed, never reported: drawn
             # again (same request key, same tasks) and reported once. verl

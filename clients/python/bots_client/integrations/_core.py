@@ -396,13 +396,16 @@ class Curriculum:
         tasks it lacks; on other ranks, wait until the reporting rank did."""
         if self._ready:
             return
-        if self.is_reporter:
-            self._setup()
-        else:
-            self._wait_for_setup()
+        step = self._setup() if self.is_reporter else self._wait_for_setup()
+        with self._lock:
+            # Before this run's first report, the server step it starts from:
+            # a checkpoint taken then can still tell a report that was lost.
+            if self.acknowledged_step is None:
+                self.acknowledged_step = step
         self._ready = True
 
-    def _setup(self) -> None:
+    def _setup(self) -> int:
+        """Set the experiment up; its step."""
         client = self.client
         if self.config is not None:
             try:
@@ -429,7 +432,7 @@ class Curriculum:
                 "continue this one from its checkpoint (or with resume=True)"
             )
         if exp.num_tasks == len(self.keys):
-            return  # the usual restart case; a foreign key is caught at selection time
+            return exp.step  # the usual restart case; a foreign key is caught at selection time
         if exp.num_tasks == 0:
             missing = list(range(len(self.keys)))
         else:
@@ -453,6 +456,7 @@ class Curriculum:
                 if any(self.keys[i] not in present for i in missing):
                     raise
             log.info("added %d tasks to experiment %r", len(missing), self.experiment)
+        return exp.step
 
     def prepare_draw(self, number: int, how_to_continue: str) -> None:
         """Set the experiment up before a loader draws batch `number` (free
@@ -480,12 +484,14 @@ class Curriculum:
         group = "" if self.groups is None else self.groups[i]
         return Task(self.keys[i], {k: float(v) for k, v in features.items()}, group)
 
-    def _wait_for_setup(self) -> None:
+    def _wait_for_setup(self) -> int:
+        """Wait until the reporting rank set the experiment up; its step."""
         deadline = time.monotonic() + self.setup_timeout
         while True:
             try:
-                if self.client.get_experiment(self.experiment).num_tasks >= len(self.keys):
-                    return
+                exp = self.client.get_experiment(self.experiment)
+                if exp.num_tasks >= len(self.keys):
+                    return exp.step
             except NotFoundError:
                 pass
             if time.monotonic() > deadline:
@@ -862,9 +868,13 @@ class Curriculum:
         self.resume = True  # a checkpoint's state: this run continues the experiment
         pending = sorted(int(n) for n in state.get("pending") or [] if int(n) < next_number)
         acknowledged = state.get("acknowledged_step")
+        if acknowledged is None:
+            # A checkpoint that cannot tell (taken before its run knew the
+            # server's step): go on; the step known since setup, if any, stays.
+            return next_number
         with self._lock:
-            self.acknowledged_step = None if acknowledged is None else int(acknowledged)
-        if not pending or acknowledged is None:
+            self.acknowledged_step = int(acknowledged)
+        if not pending:
             return next_number
         server_step = self.client.get_experiment(self.experiment).step
         reported_since = server_step - int(acknowledged)

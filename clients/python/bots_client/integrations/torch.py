@@ -210,6 +210,7 @@ class _SamplerBase:
             curriculum.add_listener(on_report)
         self.step = 0  # the next batch number to draw
         self.offset = 0  # indices of batch `step` this rank already yielded
+        self._checkpoint_step: int | None = None  # the loaded checkpoint's next batch, until the next epoch starts
         self.last_batch: SelectedBatch | None = None
 
     # -- keys <-> indices -------------------------------------------------------------
@@ -232,7 +233,12 @@ class _SamplerBase:
         return indices
 
     def _epoch_batches(self) -> Iterator[tuple[SelectedBatch, list[int]]]:
-        end = (self.step // self.num_batches + 1) * self.num_batches
+        # After a resume that draws a batch again, the epoch is the one the
+        # checkpoint was in (verl: global_steps // len(loader)), not the
+        # replayed batch's: at an epoch's last step, that is the next epoch.
+        position = max(self.step, self._checkpoint_step or 0)
+        self._checkpoint_step = None
+        end = (position // self.num_batches + 1) * self.num_batches
         while self.step < end:
             self.wait()
             batch = self.curriculum.select(self.step)
@@ -360,6 +366,7 @@ class _SamplerBase:
             )
             offset = 0
         self.step, self.offset = resumed, offset
+        self._checkpoint_step = step
         self.curriculum.next_number = max(self.curriculum.next_number, self.step)
 
     def _agreed_resume_number(self, state: Mapping[str, Any], step: int) -> int:

@@ -461,16 +461,13 @@ class BotsSelector:
         return candidates[0] if len(candidates) == 1 else None
 
     def _set_up(self) -> None:
-        """Once per run, before its first batch or its first checkpoint: the
+        """Before the run's first batch or its first checkpoint: the
         experiment set up (ExperimentInUseError, ConfigMismatchError raise
-        here) and the server step the run starts from, so that a checkpoint
-        taken before the first report can still tell a lost report. Trinity
-        saves a checkpoint before its first explore step (sync_weight): that
-        one must not name an experiment that does not exist yet, nor stand
-        for a run that was refused."""
-        if self.curriculum.acknowledged_step is None:
-            self.curriculum.ensure_ready()
-            self.curriculum.acknowledge(self.curriculum.client.get_experiment(self.curriculum.experiment).step)
+        here), with the server step the run starts from. Trinity saves a
+        checkpoint before its first explore step (sync_weight): that one
+        must not name an experiment that does not exist yet, nor stand for a
+        run that was refused."""
+        self.curriculum.ensure_ready()
 
     def _is_open(self, batch: SelectedBatch) -> bool:
         return any(b.batch_id == batch.batch_id for b in self.curriculum.open_batches)
