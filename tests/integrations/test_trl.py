@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import itertools
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -170,6 +172,37 @@ def test_reward_wrapper_reports_only_while_training(client: bots_client.Client, 
         wrapped(prompts=["p"], completions=["c"])
 
 
+def test_reward_wrapper_takes_numpy_nans_and_async_functions(client: bots_client.Client, exp_name: str) -> None:
+    """TRL reads a NaN of any numeric type as "no reward", and awaits a
+    reward function that is a coroutine function: so does the wrapper."""
+    import asyncio
+
+    import numpy as np
+
+    bots = BotsGRPO(client, exp_name, [f"task-{i}" for i in range(4)], config=EXACT)
+    bots.curriculum.batch_size = 2
+    bots.trainer = type("T", (), {"model": torch.nn.Module().train()})()
+    first, second = bots.curriculum.select(0), bots.curriculum.select(1)
+
+    def numpy_rewards(prompts: list[str], completions: list[str], **kwargs: Any) -> Any:
+        return np.array([1.0, np.nan, 0.0, 1.0], dtype=np.float32)
+
+    async def async_rewards(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+        await asyncio.sleep(0)
+        return [1.0, 1.0, 0.0, 0.0]
+
+    keys = [first.keys[0], first.keys[0], first.keys[1], first.keys[1]]
+    bots.reward(numpy_rewards)(prompts=["p"] * 4, completions=["c"] * 4, task_key=keys)
+    wrapped = bots.reward(async_rewards)
+    assert inspect.iscoroutinefunction(wrapped)  # TRL's is_async_callable sees it
+    keys = [second.keys[0], second.keys[0], second.keys[1], second.keys[1]]
+    assert asyncio.run(wrapped(prompts=["p"] * 4, completions=["c"] * 4, task_key=keys)) == [1.0, 1.0, 0.0, 0.0]
+    bots.wait()
+    got = counts(client, exp_name)
+    assert got[first.keys[0]] == (1.0, 0.0) and got[first.keys[1]] == (1.0, 1.0)  # the NaN skipped
+    assert got[second.keys[0]] == (2.0, 0.0) and got[second.keys[1]] == (0.0, 2.0)
+
+
 # -- resume ----------------------------------------------------------------------------
 
 
@@ -180,31 +213,39 @@ class _Crash(Exception):
 def _grpo_run(
     address: str, experiment: str, output_dir: Any, *, max_steps: int, crash_at: int | None = None,
     resume: str | None = None, steps_per_generation: int = 1, num_iterations: int = 1,
+    gradient_accumulation_steps: int = 1, bots: BotsGRPO | None = None, saved: list[tuple[int, int]] | None = None,
+    logging_steps: int = 1,
 ) -> tuple[list[tuple[str, int, tuple[str, ...]]], BotsGRPO]:
-    """A real GRPOTrainer run of 8 completions x 4 generations per optimizer
-    step (2 prompts; 2 x steps_per_generation per generation batch), 3
-    generation batches per epoch, a checkpoint after every step; it raises
-    right after saving checkpoint `crash_at`. Returns every selection it
-    made: (request key, server step at selection, task keys), in order."""
+    """A real GRPOTrainer run of 8 completions x 4 generations per micro-step
+    (2 prompts; 2 x steps_per_generation per generation batch), 3
+    generation batches per epoch, a checkpoint after every optimizer step;
+    it raises right after saving checkpoint `crash_at`. `bots`: go on with
+    this BotsGRPO (a retry in the same process); `saved` gets (global step,
+    server step) at each checkpoint. Returns every selection it made:
+    (request key, server step at selection, task keys), in order."""
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     model, tokenizer = _tiny_model_and_tokenizer()
     train = _train_dataset()
-    bots = BotsGRPO(address, experiment, dataset=train, key_column="task_key", config=GRPO_EXACT, num_batches=3)
     selections: list[tuple[str, int, tuple[str, ...]]] = []
-    select = bots.curriculum.select
+    if bots is None:
+        bots = BotsGRPO(address, experiment, dataset=train, key_column="task_key", config=GRPO_EXACT, num_batches=3)
+        select = bots.curriculum.select
 
-    def recording_select(*args: Any, **kwargs: Any) -> Any:
-        batch = select(*args, **kwargs)
-        selections.append((batch.request_key, batch.step, batch.keys))
-        return batch
+        def recording_select(*args: Any, **kwargs: Any) -> Any:
+            batch = select(*args, **kwargs)
+            bots.selections.append((batch.request_key, batch.step, batch.keys))  # type: ignore[union-attr]
+            return batch
 
-    bots.curriculum.select = recording_select  # type: ignore[method-assign]
+        bots.curriculum.select = recording_select  # type: ignore[method-assign]
+    bots.selections = selections  # type: ignore[attr-defined]
 
     class CrashAfterSave(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if saved is not None:
+                saved.append((state.global_step, bots.curriculum.client.get_experiment(experiment).step))
             if state.global_step == crash_at:
                 raise _Crash(state.global_step)
 
@@ -213,9 +254,11 @@ def _grpo_run(
 
     args = GRPOConfig(
         output_dir=str(output_dir), per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
-        max_steps=max_steps, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="steps", save_steps=1,
+        max_steps=max_steps, learning_rate=1e-3, logging_steps=logging_steps, report_to=[], save_strategy="steps",
+        save_steps=1,
         use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
         steps_per_generation=steps_per_generation, num_iterations=num_iterations,
+        gradient_accumulation_steps=gradient_accumulation_steps,
     )  # fmt: skip
     trainer = bots.trainer_class(GRPOTrainer)(
         model=model, processing_class=tokenizer, reward_funcs=[bots.reward(correct)], args=args, train_dataset=train,
@@ -291,6 +334,73 @@ def test_real_grpo_trainer_resumes_inside_a_generation_cycle(
         assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta), crash_at
 
 
+def test_real_grpo_trainer_resumes_after_an_epoch_that_ended_with_a_partial_accumulation(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    """Epochs of 6 micro-steps under gradient_accumulation_steps=7 are one
+    optimizer step of 6: TRL's micro-step counter, restored from the global
+    step, must count that shorter step as an uninterrupted run did (not as
+    7), or every later generation comes one micro-step late (a batch drawn
+    before the last report, the posterior another)."""
+    need("trl")
+    kw: dict[str, Any] = {"steps_per_generation": 2, "gradient_accumulation_steps": 7}
+    max_steps = 3  # epochs of one optimizer step of 6 micro-steps (3 generation batches)
+    reference, _ = _grpo_run(address, exp_name + "-ref", tmp_path / "ref", max_steps=max_steps, **kw)
+    ref_exp, ref_snap = client.get_experiment(exp_name + "-ref"), client.snapshot(exp_name + "-ref")
+    out = tmp_path / "crash"
+    _grpo_run(address, exp_name, out, max_steps=max_steps, crash_at=1, **kw)
+    after, _ = _grpo_run(address, exp_name, out, max_steps=max_steps, resume=str(out / "checkpoint-1"), **kw)
+    by_key = {key: (step, keys) for key, step, keys in reference}
+    assert all(by_key[key] == (step, keys) for key, step, keys in after)
+    exp, snap = client.get_experiment(exp_name), client.snapshot(exp_name)
+    assert (exp.step, exp.open_batches) == (ref_exp.step, ref_exp.open_batches)
+    assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta)
+
+
+def test_real_grpo_trainer_resumed_in_the_same_process_follows_the_uninterrupted_run(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    """A retry loop: the run crashes inside a generation cycle, and a new
+    trainer from the same BotsGRPO resumes from the checkpoint. Its
+    micro-step counter is restored as a new process's is."""
+    need("trl")
+    kw: dict[str, Any] = {"steps_per_generation": 2}
+    reference, _ = _grpo_run(address, exp_name + "-ref", tmp_path / "ref", max_steps=8, **kw)
+    ref_exp, ref_snap = client.get_experiment(exp_name + "-ref"), client.snapshot(exp_name + "-ref")
+    out = tmp_path / "crash"
+    _, bots = _grpo_run(address, exp_name, out, max_steps=8, crash_at=1, **kw)
+    after, _ = _grpo_run(address, exp_name, out, max_steps=8, resume=str(out / "checkpoint-1"), bots=bots, **kw)
+    by_key = {key: (step, keys) for key, step, keys in reference}
+    assert after and all(by_key[key] == (step, keys) for key, step, keys in after)
+    exp, snap = client.get_experiment(exp_name), client.snapshot(exp_name)
+    assert (exp.step, exp.open_batches) == (ref_exp.step, ref_exp.open_batches)
+    assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta)
+
+
+def test_real_grpo_trainer_checkpoints_only_acknowledged_reports(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume skips the batches trained before its checkpoint: a
+    checkpoint written while a batch's report was still in flight (a slow
+    server, the client's retries) would lose that batch's outcomes for good
+    if the process were killed then. Every checkpoint is written after the
+    server acknowledged every trained step's report."""
+    need("trl")
+    def slow(send: Any) -> Any:
+        def report(self: bots_client.Client, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.5)
+            return send(self, *args, **kwargs)
+
+        return report
+
+    for method in ("report_outcomes", "report_and_select"):
+        monkeypatch.setattr(bots_client.Client, method, slow(getattr(bots_client.Client, method)))
+    saved: list[tuple[int, int]] = []
+    # No log line per step: the training log waits for the report too.
+    _grpo_run(address, exp_name, tmp_path, max_steps=3, saved=saved, logging_steps=10)
+    assert saved == [(1, 1), (2, 2), (3, 3)]
+
+
 def _trainer(bots: BotsGRPO, train: Any, output_dir: Any, **config: Any) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 
@@ -326,9 +436,18 @@ def test_real_grpo_trainer_refuses_mismatches_at_start(
     with pytest.raises(ValueError, match="rollouts_per_task = 16 but the trainer makes num_generations = 4"):
         _trainer(bots, train, tmp_path).train()
     assert exp_name not in {e.name for e in client.list_experiments()}  # refused before setup
+    # Dataloader workers would draw batches ahead, from stale posteriors.
+    bots = BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT)
+    with pytest.raises(ValueError, match="dataloader_num_workers = 2"):
+        _trainer(bots, train, tmp_path, dataloader_num_workers=2).train()
+    assert exp_name not in {e.name for e in client.list_experiments()}  # refused before setup
     # One real step, then a new run under the same name: refused until it resumes.
-    _trainer(BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT), train, tmp_path).train()
+    trainer = _trainer(BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT), train, tmp_path)
+    trainer.train()
     assert client.get_experiment(exp_name).step == 1
+    # The same trainer trained again would start over at batch 0 (every report a duplicate).
+    with pytest.raises(bots_client.ExperimentInUseError, match=r"already drew \d+ batches"):
+        trainer.train()
     with pytest.raises(bots_client.ExperimentInUseError, match="1 reported steps"):
         _trainer(BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT), train, tmp_path).train()
     other = dataclasses.replace(GRPO_EXACT, target_success=0.3)

@@ -47,6 +47,7 @@ TRL is imported only by `trainer_class()` (and torch by the sampler).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 from collections import Counter
@@ -55,6 +56,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bots_client._calls import outcome_value
+from bots_client.errors import ExperimentInUseError
 from bots_client.integrations._core import (
     Curriculum,
     OutcomeValue,
@@ -245,6 +247,13 @@ class BotsGRPO:
                 f"num_generations = {trainer.num_generations} completions per prompt; set them equal"
             )
         args = trainer.args
+        workers = int(getattr(args, "dataloader_num_workers", 0) or 0)
+        if workers:
+            raise ValueError(
+                f"dataloader_num_workers = {workers}: the DataLoader would draw {workers} x prefetch_factor "
+                "generation batches ahead, each from a posterior that misses the reports since; BotsGRPO draws each "
+                "batch when the trainer asks for it. Set dataloader_num_workers=0"
+            )
         prompts = args.generation_batch_size // trainer.num_generations
         self.curriculum.batch_size = prompts
         self.sampler = lazy_class(__name__, "BotsRepeatSampler", _RepeatSampler, torch_sampler)(
@@ -297,6 +306,15 @@ class BotsGRPO:
                 # A resumed trainer continues its experiment: say so before setup.
                 if resume_from_checkpoint:
                     bots.curriculum.resume = True
+                elif bots.curriculum.next_number > 0:
+                    # A new sampler starts at batch 0: the same request keys,
+                    # the first call's batches back, every report a duplicate.
+                    raise ExperimentInUseError(
+                        f"this BotsGRPO already drew {bots.curriculum.next_number} batches of experiment "
+                        f"{bots.curriculum.experiment!r}: train again with resume_from_checkpoint=..., or with a new "
+                        "BotsGRPO (a new experiment, or resume=True and a request_prefix of its own)"
+                    )
+                bots._step_restored = False  # this trainer's step counter is restored at its first step
                 output = super().train(resume_from_checkpoint, *args, **kwargs)
                 bots.wait()  # the last report, acknowledged (or its error raised) before train() returns
                 return output
@@ -314,8 +332,15 @@ class BotsGRPO:
                 if self.model.training and not bots._step_restored:
                     bots._step_restored = True
                     if getattr(self, "_step", None) == 0 and self.state.global_step > 0:
-                        self._step = self.state.global_step * self.args.gradient_accumulation_steps
+                        self._step = _micro_steps_trained(self, len(bots.sampler or ()))
                 return super()._prepare_inputs(generation_batch)
+
+            def _save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+                # A checkpoint never covers a batch whose report is still in
+                # flight: a resume skips the batches trained before it, so a
+                # report lost after it (the process killed) would be lost for good.
+                bots.wait()
+                return super()._save_checkpoint(*args, **kwargs)
 
             def _get_train_sampler(self, dataset: Any = None) -> Any:
                 return bots.make_sampler(self, self.train_dataset if dataset is None else dataset)
@@ -349,7 +374,7 @@ class BotsGRPO:
         """Report this process's per-completion rewards of one generation
         batch (a collective under torch.distributed: every process calls it;
         the main one reports), filed under the batch they came from."""
-        clean = [None if r is None or (isinstance(r, float) and math.isnan(r)) else r for r in rewards]
+        clean = [None if _no_reward(r) else r for r in rewards]
         local_keys = [str(k) for k in keys]
         outcomes = aggregate_outcomes(local_keys, clean, success_threshold=self.success_threshold)
         all_keys, merged = _all_gather_keys_and_outcomes(local_keys, outcomes)
@@ -421,23 +446,62 @@ class BotsGRPO:
                 self.curriculum.close(older)
         return batch
 
-    def reward(self, fn: Callable[..., Sequence[Any]], *, key_column: str | None = None) -> Callable[..., Any]:
+    def reward(self, fn: Callable[..., Any], *, key_column: str | None = None) -> Callable[..., Any]:
         """Wrap a TRL reward function: same rewards out, and during training
-        the outcomes of this generation batch reported to the service."""
+        the outcomes of this generation batch reported to the service. An
+        async function stays async (TRL awaits it)."""
         column = key_column or self.key_column
 
-        @functools.wraps(fn)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            rewards = fn(*args, **kwargs)
+        def report(rewards: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
             if self._training():
                 if column not in kwargs:
                     raise KeyError(
                         f"reward function got no {column!r} column; keep the task-key column in the train dataset"
                     )
                 self.report_rewards(kwargs[column], list(rewards))
+
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
+            # TRL awaits a reward function it finds to be async (is_async_callable).
+
+            @functools.wraps(fn)
+            async def awaited(*args: Any, **kwargs: Any) -> Any:
+                rewards = await fn(*args, **kwargs)
+                report(rewards, kwargs)
+                return rewards
+
+            return awaited
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            rewards = fn(*args, **kwargs)
+            report(rewards, kwargs)
             return rewards
 
         return wrapped
+
+
+def _no_reward(reward: Any) -> bool:
+    """None or NaN, of any numeric type (TRL's "this function does not
+    apply"; a numpy or torch NaN as much as a float one)."""
+    if reward is None:
+        return True
+    try:
+        return math.isnan(float(reward))
+    except (TypeError, ValueError):
+        return False  # not a number: aggregate_outcomes names it
+
+
+def _micro_steps_trained(trainer: Any, sampler_length: int) -> int:
+    """TRL's micro-step count (`_step`) after the trainer's global steps, as
+    an uninterrupted run reaches it: an epoch is len(dataloader) micro-steps
+    in ceil(len / gradient_accumulation_steps) optimizer steps, the last of
+    them shorter when the accumulation does not divide it (transformers)."""
+    args = trainer.args
+    accumulation = args.gradient_accumulation_steps
+    per_epoch = math.ceil(sampler_length / (trainer._train_batch_size * args.steps_per_generation))
+    updates = math.ceil(per_epoch / accumulation)
+    done = trainer.state.global_step
+    return (done // updates) * per_epoch + (done % updates) * accumulation
 
 
 def _all_gather_keys_and_outcomes(
