@@ -234,6 +234,17 @@ def test_configuration_errors_and_environment(address: str, exp_name: str, monke
     with pytest.raises(ValueError, match=r"data.sampler.strict must be true or false, got 'maybe'"):
         BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, strict="maybe"))
     assert not BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, strict="false")).strict
+    # A service batch of another size than the rows verl's loader takes a
+    # step: drawn twice a step (the second before the first is reported),
+    # or split over steps.
+    for size in (2, 8):
+        with pytest.raises(ValueError, match=f"data.sampler.batch_size = {size} but verl's dataloader takes 4 rows"):
+            BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, batch_size=size))
+    assert BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name, batch_size=4)).curriculum.batch_size == 4
+    # Dataloader workers draw ahead; verl asserts it on its config path only.
+    workers = {**data_config(address, exp_name), "dataloader_num_workers": 8}
+    with pytest.raises(ValueError, match="data.dataloader_num_workers = 8"):
+        BotsCurriculumSampler(RLHFLike(), workers)
 
 
 def test_a_missing_key_column_is_an_error_at_start(address: str, exp_name: str) -> None:

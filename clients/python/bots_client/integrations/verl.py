@@ -376,11 +376,26 @@ class _CurriculumSampler(_BotsSampler):
         options = _plain(_get(data_config, "sampler") or {})
         options.update(overrides)
         address, experiment = address_and_experiment(options, "BotsCurriculumSampler", "data.sampler.")
-        batch_size = (
-            options.get("batch_size") or _get(data_config, "gen_batch_size") or _get(data_config, "train_batch_size")
-        )
+        loader_batch = _get(data_config, "gen_batch_size") or _get(data_config, "train_batch_size")
+        batch_size = options.get("batch_size") or loader_batch
         if not batch_size:
             raise ValueError("set data.train_batch_size (or data.sampler.batch_size)")
+        if loader_batch and int(batch_size) != int(loader_batch):
+            # verl's loader takes gen_batch_size (else train_batch_size) rows a
+            # step: a smaller service batch would be drawn twice a step, the
+            # second before the first is reported; a larger one split over steps.
+            raise ValueError(
+                f"data.sampler.batch_size = {batch_size} but verl's dataloader takes {loader_batch} rows a step "
+                "(data.gen_batch_size, else data.train_batch_size): leave data.sampler.batch_size out"
+            )
+        workers = _get(data_config, "dataloader_num_workers")
+        if workers:
+            # verl asserts this in create_rl_sampler only; a trainer given the
+            # sampler directly (RayPPOTrainer(train_sampler=...)) does not.
+            raise ValueError(
+                f"data.dataloader_num_workers = {workers}: the workers would draw batches ahead of the reports, "
+                "from stale posteriors; set data.dataloader_num_workers=0, as verl requires for curriculum samplers"
+            )
         strict = _flag(options, "strict", True)
         resume = _flag(options, "resume", False)
         self.key_field = key_fields(options.get("key_field", "index"))
