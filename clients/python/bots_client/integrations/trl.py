@@ -498,7 +498,10 @@ def _micro_steps_trained(trainer: Any, sampler_length: int) -> int:
     them shorter when the accumulation does not divide it (transformers)."""
     args = trainer.args
     accumulation = args.gradient_accumulation_steps
-    per_epoch = math.ceil(sampler_length / (trainer._train_batch_size * args.steps_per_generation))
+    batches = math.ceil(sampler_length / (trainer._train_batch_size * args.steps_per_generation))
+    # accelerate deals the sampler's batches out to the processes in turn.
+    processes = int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1))
+    per_epoch = max(1, math.ceil(batches / processes))
     updates = math.ceil(per_epoch / accumulation)
     done = trainer.state.global_step
     return (done // updates) * per_epoch + (done % updates) * accumulation
