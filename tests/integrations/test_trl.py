@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import itertools
 import logging
@@ -193,8 +194,17 @@ def test_reward_wrapper_takes_numpy_nans_and_async_functions(client: bots_client
 
     keys = [first.keys[0], first.keys[0], first.keys[1], first.keys[1]]
     bots.reward(numpy_rewards)(prompts=["p"] * 4, completions=["c"] * 4, task_key=keys)
+    class AsyncScorer:
+        async def __call__(self, scale: float, **kwargs: Any) -> list[float]:
+            return [scale] * 4
+
+    need("trl")
+    from trl.trainer.utils import is_async_callable
+
+    for fn in (async_rewards, AsyncScorer(), functools.partial(AsyncScorer(), 1.0)):
+        assert is_async_callable(fn) and is_async_callable(bots.reward(fn))  # TRL awaits it, wrapped or not
     wrapped = bots.reward(async_rewards)
-    assert inspect.iscoroutinefunction(wrapped)  # TRL's is_async_callable sees it
+    assert inspect.iscoroutinefunction(wrapped)
     keys = [second.keys[0], second.keys[0], second.keys[1], second.keys[1]]
     assert asyncio.run(wrapped(prompts=["p"] * 4, completions=["c"] * 4, task_key=keys)) == [1.0, 1.0, 0.0, 0.0]
     bots.wait()

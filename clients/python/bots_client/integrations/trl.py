@@ -460,7 +460,7 @@ class BotsGRPO:
                     )
                 self.report_rewards(kwargs[column], list(rewards))
 
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
+        if _is_async(fn):
             # TRL awaits a reward function it finds to be async (is_async_callable).
 
             @functools.wraps(fn)
@@ -478,6 +478,14 @@ class BotsGRPO:
             return rewards
 
         return wrapped
+
+
+def _is_async(fn: Any) -> bool:
+    """A coroutine function, an object whose __call__ is one, or a partial
+    of either: what TRL's is_async_callable awaits."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _no_reward(reward: Any) -> bool:
