@@ -307,7 +307,6 @@ class BotsSelector:
         than `batch_size`, and the run reports as many batches as an
         uninterrupted one."""
         self._check_in_flight()
-        self._set_up()
         batches = []
         for number, size in self._redraw:
             batches.append(self.curriculum.select(number, batch_size=size or batch_size))
@@ -460,15 +459,6 @@ class BotsSelector:
         ]
         return candidates[0] if len(candidates) == 1 else None
 
-    def _set_up(self) -> None:
-        """Before the run's first batch or its first checkpoint: the
-        experiment set up (ExperimentInUseError, ConfigMismatchError raise
-        here), with the server step the run starts from. Trinity saves a
-        checkpoint before its first explore step (sync_weight): that one
-        must not name an experiment that does not exist yet, nor stand for a
-        run that was refused."""
-        self.curriculum.ensure_ready()
-
     def _is_open(self, batch: SelectedBatch) -> bool:
         return any(b.batch_id == batch.batch_id for b in self.curriculum.open_batches)
 
@@ -483,7 +473,11 @@ class BotsSelector:
         drawn whose feedback had not arrived yet (the explorer runs ahead of
         its feedback) with their sizes, and the server step of the last
         acknowledged report."""
-        self._set_up()
+        # Trinity saves this before its first explore step (sync_weight): set
+        # the experiment up first (with the server step the run starts from),
+        # so the state never names an experiment that does not exist yet nor
+        # stands for a run that was refused (ExperimentInUseError raises here).
+        self.curriculum.ensure_ready()
         resume = self.curriculum.resume_state(self.step)
         sizes = {b.number: len(b.keys) for b in self.curriculum.open_batches}
         sizes.update({n: s for n, s in self._redraw if s is not None})
