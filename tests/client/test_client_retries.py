@@ -1,14 +1,15 @@
 """Which failures the client retries: UNAVAILABLE always, DEADLINE_EXCEEDED
 only for calls that repeating cannot change (reads, selects, reports), and a
-refusal with the server's retry pushback; and what a create or delete does
-when its retry meets its own lost effect. Real gRPC servers with scripted
-handlers stand in for a hung, busy or failing server."""
+refusal with the server's retry pushback; and what a create, fork, restore
+or delete does when its retry meets its own lost effect. Real gRPC servers
+with scripted handlers, or a proxy in front of a real server, stand in for a
+hung, busy or failing server."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -16,6 +17,7 @@ import pytest
 
 import bots_client
 from bots_client.proto import bots_pb2 as pb
+from tests.support.servers import ServerProcess
 
 STALL_SECONDS = 1.5
 
@@ -274,3 +276,98 @@ def test_an_experiment_someone_else_made_is_still_refused(losing: tuple[LosingAn
             server_side.made_by_someone_else = other
             with pytest.raises(bots_client.AlreadyExistsError):
                 client.create_experiment("e", bots_client.ExperimentConfig(target_success=0.4))
+
+
+class LosingProxy(grpc.GenericRpcHandler):
+    """Forwards every call to a real server, except that the first call of
+    `method` is forwarded, then its answer is lost (UNAVAILABLE), after
+    `meanwhile` has run (another client acting between the attempts)."""
+
+    def __init__(self, target: str, method: str, meanwhile: Callable[[], object] = lambda: None) -> None:
+        self.channel = grpc.insecure_channel(target)
+        self.method = f"/bots.v1.TaskSelector/{method}"
+        self.meanwhile = meanwhile
+        self.calls: list[str] = []
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        path = details.method  # type: ignore[attr-defined]
+        if path.endswith(("/RestoreExperiment", "/AddTasks")):
+            forward = self.channel.stream_unary(path)
+            return grpc.stream_unary_rpc_method_handler(lambda requests, context: self._answer(path, forward, requests, context))
+        forward_unary = self.channel.unary_unary(path)
+        return grpc.unary_unary_rpc_method_handler(lambda request, context: self._answer(path, forward_unary, request, context))
+
+    def _answer(self, path: str, forward: Callable[[object], bytes], request: object, context: grpc.ServicerContext) -> bytes:
+        self.calls.append(path.rsplit("/", 1)[1])
+        try:
+            answer = forward(request)
+        except grpc.RpcError as e:  # the server's refusal, passed on as it is
+            context.abort(e.code(), e.details())  # type: ignore[attr-defined]
+        if path == self.method and self.calls.count(path.rsplit("/", 1)[1]) == 1:
+            self.meanwhile()
+            context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        return answer
+
+
+@contextlib.contextmanager
+def losing_proxy(proxy: LosingProxy) -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((proxy,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+        proxy.channel.close()
+
+
+def _source(client: bots_client.Client, name: str) -> None:
+    """An experiment a step in, with a batch still open: what a fork copies."""
+    client.create_experiment(name, bots_client.ExperimentConfig(target_success=0.4))
+    client.add_tasks(name, [bots_client.Task(f"t{i}") for i in range(6)])
+    batch = client.select_batch(name, 2)
+    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
+    client.select_batch(name, 2)
+
+
+def test_a_fork_or_restore_whose_answer_was_lost_returns_the_copy_it_made(sqlite_server: ServerProcess) -> None:
+    with bots_client.Client(sqlite_server.address) as direct:
+        _source(direct, "lost-fork-source")
+        snapshot = direct.snapshot("lost-fork-source", include_features=True)
+        for method, copy in (
+            ("ForkExperiment", lambda c: c.fork_experiment("lost-fork-source", "lost-fork")),
+            ("RestoreExperiment", lambda c: c.restore_experiment("lost-restore", snapshot)),
+        ):
+            proxy = LosingProxy(sqlite_server.address, method)
+            with losing_proxy(proxy) as address, bots_client.Client(address, retry_timeout=10) as client:
+                made = copy(client)
+                assert (made.forked_from, made.step, made.num_tasks) == ("lost-fork-source", 1, 6)
+                assert made.config.target_success == 0.4
+                assert proxy.calls.count(method) == 2
+                # It is there: a second attempt is refused as before.
+                with pytest.raises(bots_client.AlreadyExistsError):
+                    copy(client)
+
+
+def test_a_copy_changed_between_the_attempts_is_still_refused(sqlite_server: ServerProcess) -> None:
+    with bots_client.Client(sqlite_server.address) as direct:
+        _source(direct, "changed-copy-source")
+        snapshot = direct.snapshot("changed-copy-source", include_features=True)
+        for method, name, copy in (
+            ("ForkExperiment", "changed-fork", lambda c: c.fork_experiment("changed-copy-source", "changed-fork")),
+            ("RestoreExperiment", "changed-restore", lambda c: c.restore_experiment("changed-restore", snapshot)),
+        ):
+            # Another client draws a batch from the copy before the retry:
+            # the copy is no longer as the call left it, so the call fails.
+            proxy = LosingProxy(sqlite_server.address, method, lambda name=name: direct.select_batch(name, 2))
+            with losing_proxy(proxy) as address, bots_client.Client(address, retry_timeout=10) as client:
+                with pytest.raises(bots_client.AlreadyExistsError):
+                    copy(client)
+        # A fork into a name that another fork of another source holds.
+        direct.create_experiment("changed-copy-other")
+        direct.fork_experiment("changed-copy-other", "changed-other-fork")
+        proxy = LosingProxy(sqlite_server.address, "ForkExperiment")
+        with losing_proxy(proxy) as address, bots_client.Client(address, retry_timeout=10) as client:
+            with pytest.raises(bots_client.AlreadyExistsError):
+                client.fork_experiment("changed-copy-source", "changed-other-fork")

@@ -164,12 +164,47 @@ def fork_experiment(source: str, name: str, config: ExperimentConfig | None) -> 
     request = pb.ForkExperimentRequest(source=source, name=name)
     if config is not None:
         request.config.CopyFrom(_convert.config_to_proto(config))
-    return _convert.experiment_from_proto((yield Rpc("ForkExperiment", request)))
+    try:
+        return _convert.experiment_from_proto((yield Rpc("ForkExperiment", request)))
+    except AlreadyExistsError as e:
+        if not e.after_unanswered_attempt:
+            raise
+        # An earlier attempt may have forked it and lost the answer: it did
+        # if the experiment is an untouched copy of `source` with this config.
+        existing = yield from get_experiment(name)
+        wanted = config if config is not None else (yield from get_experiment(source)).config
+        if not _untouched_copy(existing, source, wanted, existing.forked_at_step):
+            raise
+        return existing
 
 
 def restore_experiment(name: str, snapshot: Snapshot, config: ExperimentConfig | None, source: str) -> Call[Experiment]:
     requests = restore_chunks(name, snapshot, config, source)
-    return _convert.experiment_from_proto((yield Rpc("RestoreExperiment", requests, bulk=True)))
+    try:
+        return _convert.experiment_from_proto((yield Rpc("RestoreExperiment", requests, bulk=True)))
+    except AlreadyExistsError as e:
+        if not e.after_unanswered_attempt:
+            raise
+        # As a fork: an earlier attempt may have restored it and lost the answer.
+        existing = yield from get_experiment(name)
+        wanted = config or snapshot.experiment.config
+        if (
+            not _untouched_copy(existing, requests[0].source, wanted, snapshot.step)
+            or existing.num_tasks != len(snapshot.keys)
+        ):
+            raise
+        return existing
+
+
+def _untouched_copy(existing: Experiment, source: str, config: ExperimentConfig, step: int | None) -> bool:
+    """Whether `existing` is a copy of `source` made at `step`, with this
+    config, that nothing has changed since (no report, no batch open)."""
+    return (
+        existing.forked_from == source
+        and existing.forked_at_step == step == existing.step
+        and not existing.open_batches
+        and not config_differences(config, existing.config)
+    )
 
 
 def add_tasks(experiment: str, tasks: Iterable[Task]) -> Call[int]:
