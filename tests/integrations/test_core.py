@@ -281,6 +281,54 @@ def test_a_task_in_two_open_batches_never_mixes_their_outcomes(client: bots_clie
         assert got[key] == ((2.0 if key in b0.keys else 0.0), (2.0 if key in b1.keys else 0.0)), key
 
 
+def test_a_report_repeated_by_mistake_is_never_filed_under_the_batch_drawn_ahead(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    keys = [f"k{i}" for i in range(4)]
+    cur = Curriculum(client, exp_name, keys, batch_size=4, config=EXACT)
+    batch = cur.select()
+    solved = dict.fromkeys(batch.keys, (2.0, 2))
+    cur.report_in_background(solved)  # also draws batch 1 (ReportAndSelect): the same four tasks
+    cur.wait()
+    # The same report again: batch 1 holds every key, but the trainer has
+    # not drawn it yet, so these outcomes cannot be its.
+    with pytest.raises(UnattributedOutcomesError, match="in no open batch"):
+        cur.report_in_background(solved)
+    ahead = cur.select()
+    assert ahead.number == 1 and ahead in cur.open_batches
+    cur.report(dict.fromkeys(ahead.keys, (0.0, 2)))
+    assert client.get_experiment(exp_name).step == 2
+    assert all(counts(client, exp_name)[k] == (2.0, 2.0) for k in keys)
+
+
+def test_a_batch_whose_report_failed_and_was_given_up_is_not_drawn_again_on_resume(
+    client: bots_client.Client, exp_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = [f"k{i}" for i in range(8)]
+    cur = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    cur.report(dict.fromkeys(cur.select().keys, (1.0, 2)))
+    failed = cur.select()
+    cur.report_in_background(dict.fromkeys(failed.keys, (3.0, 2)))  # successes > trials: the server refuses it
+    with pytest.raises(bots_client.InvalidArgumentError):
+        cur.wait()
+    assert failed in cur.open_batches  # still open: the trainer may report it again
+    # The trainer caught the error and went on with batches 2 and 3.
+    for _ in range(2):
+        cur.report(dict.fromkeys(cur.select().keys, (0.0, 2)))
+    with caplog.at_level(logging.WARNING, logger="bots_client.integrations"):
+        state = cur.checkpoint_state(4)
+    assert state["pending"] == [] and "batch 1's report failed" in caplog.text
+    # A resume from that checkpoint goes on at batch 4: batches 2 and 3 are not trained again.
+    resumed = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    assert resumed.resume_from(state, "test") == 4
+    # A failed report that is still the newest is in flight: a resume draws it again.
+    retry = Curriculum(client, f"{exp_name}-newest", keys, batch_size=2, config=EXACT)
+    last = retry.select()
+    with pytest.raises(bots_client.InvalidArgumentError):
+        retry.report(dict.fromkeys(last.keys, (3.0, 2)))
+    assert retry.checkpoint_state(1)["pending"] == [0]
+
+
 def test_curriculum_pickles_without_its_channel(client: bots_client.Client, exp_name: str) -> None:
     import pickle
 

@@ -497,6 +497,32 @@ def test_a_batch_drawn_before_the_checkpoint_is_drawn_again_only_if_never_report
         assert (exp.step, exp.open_batches) == (6, 1)  # batch 6, drawn with the last report
 
 
+def test_an_epoch_left_early_leaves_no_batch_for_a_resume_to_go_back_to(
+    address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    sampler = new_sampler(address, exp_name)
+    loader = DataLoader(KeyedDataset(), batch_size=sampler.local_batch_size, sampler=sampler)
+    for rows in loader:
+        # The report of batch 1 also draws batch 2 (overlap); the loop then
+        # leaves the epoch (an evaluation, a time budget) and set_epoch
+        # skips past batch 2, which the trainer never got.
+        sampler.report({k: outcome_of(k) for k in rows["key"]})
+        if sampler.last_batch.number == 1:
+            break
+    sampler.set_epoch(1)
+    train(sampler, PER_EPOCH, PER_EPOCH + 2)
+    sampler.wait()
+    state = sampler.state_dict()
+    assert (state["step"], state["pending"]) == (PER_EPOCH + 2, [])
+    resumed = new_sampler(address, exp_name)
+    selections = recorded(resumed)
+    resumed.load_state_dict(state)
+    train(resumed, PER_EPOCH + 2, PER_EPOCH + 3)
+    # It goes on at the checkpoint's batch: nothing trained before it is trained again.
+    assert [key for key, _, _ in selections] == [f"step-{PER_EPOCH + 2}"]
+    assert client.get_experiment(exp_name).step == 5
+
+
 def test_resume_with_another_world_size(address: str, client: bots_client.Client, exp_name: str) -> None:
     total = 6
     ref = new_sampler(address, exp_name + "-ref")

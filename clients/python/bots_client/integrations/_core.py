@@ -343,6 +343,11 @@ class Curriculum:
         self._executor: ThreadPoolExecutor | None = None
         self._background: Future[list[ReportResult]] | None = None
         self._prefetched: dict[int, SelectedBatch] = {}
+        # Batches whose report raised (still open, for the caller to report
+        # again), and the highest batch number reported: a failed batch
+        # older than a later report was given up, not in flight.
+        self._failed_reports: set[str] = set()
+        self._reported_through = -1
         self._ready = False
         self.next_number = 0
         # The server step of the last report acknowledged to this process (the
@@ -515,13 +520,16 @@ class Curriculum:
         size = self.batch_size if batch_size is None else int(batch_size)
         with self._lock:
             ahead = self._prefetched.pop(number, None)
-        if ahead is not None and len(ahead.keys) == size:
+        if ahead is not None and len(ahead.keys) == size and ahead.batch_id in self._open:
+            with self._lock:
+                self.next_number = max(self.next_number, number + 1)
             return ahead
         batch = self.client.select_batch(self.experiment, size, request_key=request_key)
         return self._selected(batch, number)
 
-    def _selected(self, batch: Batch, number: int) -> SelectedBatch:
-        """Record a batch the server selected under batch number `number`."""
+    def _selected(self, batch: Batch, number: int, handed_out: bool = True) -> SelectedBatch:
+        """Record a batch the server selected under batch number `number`;
+        `handed_out`: the caller gets it now (not drawn ahead for `select`)."""
         request_key = self.request_key(number)
         try:
             indices = tuple(self.index[k] for k in batch.keys)
@@ -532,7 +540,8 @@ class Curriculum:
             ) from None
         selected = SelectedBatch(batch.batch_id, number, batch.step, request_key, tuple(batch.keys), indices)
         with self._lock:
-            self.next_number = max(self.next_number, number + 1)
+            if handed_out:
+                self.next_number = max(self.next_number, number + 1)
             if batch.batch_id not in self._open:
                 self._open[batch.batch_id] = selected
                 while len(self._open) > MAX_OPEN_BATCHES:  # drawn and never reported (e.g. replayed on resume)
@@ -695,7 +704,13 @@ class Curriculum:
                 {f"not in batch {named.number}": outside} if outside else {}
             )
         holders: dict[str, list[str]] = {k: [] for k in keys}
+        # A batch a ReportAndSelect drew ahead is not the caller's until
+        # `select` hands it out: outcomes cannot come from it yet (a report
+        # repeated by mistake would otherwise be filed under it).
+        ahead = {b.batch_id for b in self._prefetched.values()}
         for selected in self._open.values():
+            if selected.batch_id in ahead:
+                continue
             members = set(selected.keys)
             for k in keys:
                 if k in members:
@@ -755,10 +770,17 @@ class Curriculum:
                     result = self.client.report_outcomes(self.experiment, batch.batch_id, outcomes)
             except FailedPreconditionError as e:
                 if "already reported" not in e.message:
+                    self._failed_reports.add(batch.batch_id)
                     raise
                 log.warning(
                     "batch %s (%s) was already reported; keeping the first report", batch.number, batch.batch_id
                 )
+            except Exception:
+                self._failed_reports.add(batch.batch_id)
+                raise
+        with self._lock:
+            self._failed_reports.discard(batch.batch_id)
+            self._reported_through = max(self._reported_through, batch.number)
         self.close(batch)
         if result is not None:
             self.acknowledge(result.step)
@@ -780,7 +802,7 @@ class Curriculum:
         except (InvalidArgumentError, FailedPreconditionError, ResourceExhaustedError) as e:
             log.info("ReportAndSelect refused (%s); reporting batch %d alone", e, batch.number)
             return None
-        selected = self._selected(drawn, ahead)
+        selected = self._selected(drawn, ahead, handed_out=False)
         with self._lock:
             self._prefetched[ahead] = selected
         return result
@@ -825,7 +847,23 @@ class Curriculum:
         in the background, if any, is acknowledged)."""
         self.wait()
         with self._lock:
-            pending = sorted(b.number for b in self._open.values() if b.number < next_number)
+            given_up = [
+                b for b in self._open.values() if b.batch_id in self._failed_reports and b.number < self._reported_through
+            ]
+            for batch in given_up:
+                # Its report raised, and the run went on to report later
+                # batches: drawing it again on a resume would train those again.
+                log.warning(
+                    "batch %d's report failed (that error was raised) and was not sent again: its outcomes may not "
+                    "be on the server; later batches were reported, so a resume does not draw it again",
+                    batch.number,
+                )
+                self._failed_reports.discard(batch.batch_id)
+                self._forget(batch.batch_id)
+            ahead = {b.batch_id for b in self._prefetched.values()}  # drawn by a ReportAndSelect, not handed out
+            pending = sorted(
+                b.number for b in self._open.values() if b.number < next_number and b.batch_id not in ahead
+            )
             return {"pending": pending, "acknowledged_step": self.acknowledged_step}
 
     def checkpoint_state(self, next_number: int) -> dict[str, Any]:
