@@ -387,6 +387,32 @@ def test_real_grpo_trainer_resumed_in_the_same_process_follows_the_uninterrupted
     assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta)
 
 
+def test_the_same_grpo_trainer_trained_again_from_an_older_checkpoint_follows_the_uninterrupted_run(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    """The run fails one step after a checkpoint inside a generation cycle,
+    and the user calls train(resume_from_checkpoint=...) on the same
+    trainer: its micro-step counter is the failed run's, one step ahead of
+    the checkpoint's, and must be restored as a new trainer's is."""
+    need("trl")
+    kw: dict[str, Any] = {"steps_per_generation": 2}
+    reference, _ = _grpo_run(address, exp_name + "-ref", tmp_path / "ref", max_steps=8, **kw)
+    ref_exp, ref_snap = client.get_experiment(exp_name + "-ref"), client.snapshot(exp_name + "-ref")
+    out = tmp_path / "crash"
+    _, bots = _grpo_run(address, exp_name, out, max_steps=8, crash_at=4, **kw)
+    bots.selections = after = []  # type: ignore[attr-defined]
+    trainer = bots.trainer
+    for callback in list(trainer.callback_handler.callbacks):
+        if type(callback).__name__ == "CrashAfterSave":  # the failure is fixed: no crash this time
+            trainer.remove_callback(callback)
+    trainer.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    by_key = {key: (step, keys) for key, step, keys in reference}
+    assert after and all(by_key[key] == (step, keys) for key, step, keys in after)
+    exp, snap = client.get_experiment(exp_name), client.snapshot(exp_name)
+    assert (exp.step, exp.open_batches) == (ref_exp.step, ref_exp.open_batches)
+    assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta)
+
+
 def test_real_grpo_trainer_checkpoints_only_acknowledged_reports(
     address: str, client: bots_client.Client, exp_name: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -458,6 +484,11 @@ def test_real_grpo_trainer_refuses_mismatches_at_start(
     # The same trainer trained again would start over at batch 0 (every report a duplicate).
     with pytest.raises(bots_client.ExperimentInUseError, match=r"already drew \d+ batches"):
         trainer.train()
+    # A resume that would train the checkpoint's epoch again, its outcomes dropped as duplicates.
+    with pytest.raises(ValueError, match="ignore_data_skip=True"):
+        _trainer(BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT), train, tmp_path,
+                 ignore_data_skip=True).train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))  # fmt: skip
+    assert client.get_experiment(exp_name).step == 1
     with pytest.raises(bots_client.ExperimentInUseError, match="1 reported steps"):
         _trainer(BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT), train, tmp_path).train()
     other = dataclasses.replace(GRPO_EXACT, target_success=0.3)

@@ -305,7 +305,19 @@ class BotsGRPO:
             def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
                 # A resumed trainer continues its experiment: say so before setup.
                 if resume_from_checkpoint:
+                    if self.args.ignore_data_skip:
+                        raise ValueError(
+                            "ignore_data_skip=True: the resumed Trainer would train the epoch's batches before the "
+                            "checkpoint again, and the service applies each batch's outcomes once, so their new "
+                            "rollouts would be dropped as duplicates; resume with ignore_data_skip=False (skipping "
+                            "a batch costs one select)"
+                        )
                     bots.curriculum.resume = True
+                    # Trained again after a failure: TRL's micro-step counter
+                    # and buffered generation are the failed run's, not the
+                    # checkpoint's; cleared, the first step restores them.
+                    self._step = 0
+                    self._buffered_inputs = None
                 elif bots.curriculum.next_number > 0:
                     # A new sampler starts at batch 0: the same request keys,
                     # the first call's batches back, every report a duplicate.
