@@ -332,11 +332,13 @@ def test_a_batch_whose_report_failed_and_was_given_up_is_not_drawn_again_on_resu
 def test_curriculum_pickles_without_its_channel(client: bots_client.Client, exp_name: str) -> None:
     import pickle
 
-    cur = Curriculum(client, exp_name, ["a", "b", "c"], batch_size=1, config=EXACT)
-    first = cur.select()
-    copy = pickle.loads(pickle.dumps(cur))
-    assert copy.select(0).batch_id == first.batch_id  # reconnects to the same address
-    copy.client.close()
+    with bots_client.Client(client.target, timeout=1.5, retry_timeout=2.0) as patient:
+        cur = Curriculum(patient, exp_name, ["a", "b", "c"], batch_size=1, config=EXACT)
+        first = cur.select()
+        copy = pickle.loads(pickle.dumps(cur))
+        assert copy.select(0).batch_id == first.batch_id  # reconnects to the same address
+        assert (copy.client.timeout, copy.client.retry_timeout) == (1.5, 2.0)  # with the same timeouts
+        copy.client.close()
 
 
 def test_every_integration_has_a_docs_page_with_a_snippet() -> None:

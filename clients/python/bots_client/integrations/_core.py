@@ -327,15 +327,21 @@ class Curriculum:
         self.setup_timeout = setup_timeout
         # How to reconnect after a copy (pickling drops the channel): the
         # given client's connection, or one from the BOTS_* variables (TLS
-        # files, BOTS_TOKEN) of the process that reconnects.
+        # files, BOTS_TOKEN) of the process that reconnects; and its timeouts.
         if isinstance(client, str):
             self._connection: Connection | None = None
             self._target = client
             self._client: Client | None = None
+            self._client_options: dict[str, float] = {}
         else:
             self._connection = client.connection
             self._target = client.target
             self._client = client
+            self._client_options = {
+                "timeout": client.timeout,
+                "bulk_timeout": client.bulk_timeout,
+                "retry_timeout": client.retry_timeout,
+            }
         self._lock = threading.Lock()
         self._open: dict[str, SelectedBatch] = {}
         # The report running in the background (report_in_background) and
@@ -368,7 +374,7 @@ class Curriculum:
     def client(self) -> Client:
         if self._client is None:
             connection = self._connection or Connection.from_env(self._target)
-            self._client = connection.client()
+            self._client = connection.client(**self._client_options)
         return self._client
 
     @property
