@@ -713,7 +713,7 @@ class Curriculum:
         # A batch a ReportAndSelect drew ahead is not the caller's until
         # `select` hands it out: outcomes cannot come from it yet (a report
         # repeated by mistake would otherwise be filed under it).
-        ahead = {b.batch_id for b in self._prefetched.values()}
+        ahead = self._drawn_ahead()
         for selected in self._open.values():
             if selected.batch_id in ahead:
                 continue
@@ -737,6 +737,11 @@ class Curriculum:
                 reason = "in several open batches (pass batch=)"
                 problems.setdefault(reason, []).append(k)
         return groups, problems
+
+    def _drawn_ahead(self) -> set[str]:
+        """Ids of the batches a ReportAndSelect drew that `select` has not
+        handed out yet (caller holds the lock)."""
+        return {b.batch_id for b in self._prefetched.values()}
 
     def open_batch(self, batch: SelectedBatch | str | int) -> SelectedBatch | None:
         """The open batch `batch` names (a SelectedBatch, its id or its number), if any."""
@@ -771,16 +776,7 @@ class Curriculum:
         result = None
         if self.is_reporter:
             try:
-                result = None if ahead is None else self._report_and_select(batch, outcomes, ahead)
-                if result is None:
-                    result = self.client.report_outcomes(self.experiment, batch.batch_id, outcomes)
-            except FailedPreconditionError as e:
-                if "already reported" not in e.message:
-                    self._failed_reports.add(batch.batch_id)
-                    raise
-                log.warning(
-                    "batch %s (%s) was already reported; keeping the first report", batch.number, batch.batch_id
-                )
+                result = self._send_report(batch, outcomes, ahead)
             except Exception:
                 self._failed_reports.add(batch.batch_id)
                 raise
@@ -793,6 +789,22 @@ class Curriculum:
             if not result.duplicate:
                 self._signal(batch, result, outcomes)
         return result
+
+    def _send_report(
+        self, batch: SelectedBatch, outcomes: Mapping[str, OutcomeValue], ahead: int | None
+    ) -> ReportResult | None:
+        """The server's answer to the report (with the selection of `ahead`,
+        if given and accepted); None when it already had the batch's report."""
+        try:
+            result = None if ahead is None else self._report_and_select(batch, outcomes, ahead)
+            if result is None:
+                result = self.client.report_outcomes(self.experiment, batch.batch_id, outcomes)
+            return result
+        except FailedPreconditionError as e:
+            if "already reported" not in e.message:
+                raise
+            log.warning("batch %s (%s) was already reported; keeping the first report", batch.number, batch.batch_id)
+            return None
 
     def _report_and_select(
         self, batch: SelectedBatch, outcomes: Mapping[str, OutcomeValue], ahead: int
@@ -866,7 +878,7 @@ class Curriculum:
                 )
                 self._failed_reports.discard(batch.batch_id)
                 self._forget(batch.batch_id)
-            ahead = {b.batch_id for b in self._prefetched.values()}  # drawn by a ReportAndSelect, not handed out
+            ahead = self._drawn_ahead()
             pending = sorted(
                 b.number for b in self._open.values() if b.number < next_number and b.batch_id not in ahead
             )
