@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,10 @@ from typing import Any
 
 
 def mean_ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per family and arm: {base: mean per-seed ratio} over every target row."""
+    """Per family and arm: {base: (mean per-seed ratio over every target
+    row, its standard error over the seeds)}. A seed's ratio is the mean of
+    its ratios over the targets; the error is the spread of those over the
+    seeds (stdev / sqrt(seeds); 0 with one seed)."""
     lines = []
     for family, data in result["families"].items():
         rows = data["summary"]
@@ -32,12 +36,38 @@ def mean_ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
         for arm in dict.fromkeys(row["arm"] for row in rows):
             ratios = {}
             for base in bases:
-                values = [r for row in rows if row["arm"] == arm for r in row[f"ratio_to_{base}"]]
-                if values:
-                    ratios[base] = statistics.fmean(values)
+                per_seed: dict[int, list[float]] = {}
+                for row in rows:
+                    if row["arm"] == arm and len(row[f"ratio_to_{base}"]) == len(row["seeds"]):
+                        for seed, ratio in zip(row["seeds"], row[f"ratio_to_{base}"]):
+                            per_seed.setdefault(seed, []).append(ratio)
+                if per_seed:
+                    means = [statistics.fmean(values) for values in per_seed.values()]
+                    error = statistics.stdev(means) / math.sqrt(len(means)) if len(means) > 1 else 0.0
+                    ratios[base] = (statistics.fmean(means), error)
             seeds = {s for row in rows if row["arm"] == arm for s in row["seeds"]}
             lines.append({"family": family, "arm": arm, "seeds": len(seeds), "ratios": ratios})
     return lines
+
+
+def across_families(lines: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm present in every family: {base: (mean of the family means,
+    its standard error from theirs)}: issue 28's figure, "averaged over
+    families and seeds"."""
+    families = {line["family"] for line in lines}
+    out = []
+    for arm in dict.fromkeys(line["arm"] for line in lines):
+        mine = [line for line in lines if line["arm"] == arm]
+        if {line["family"] for line in mine} != families:
+            continue
+        ratios = {}
+        for base in mine[0]["ratios"]:
+            if all(base in line["ratios"] for line in mine):
+                means = [line["ratios"][base][0] for line in mine]
+                errors = [line["ratios"][base][1] for line in mine]
+                ratios[base] = (statistics.fmean(means), math.sqrt(sum(e * e for e in errors)) / len(errors))
+        out.append({"family": "all", "arm": arm, "seeds": min(line["seeds"] for line in mine), "ratios": ratios})
+    return out
 
 
 def merged(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -69,15 +99,18 @@ def merged(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(paths: Sequence[Path], merge: bool = False) -> str:
     out = [
-        "| results | family | arm | seeds | mean per-seed ratio of steps (over every target) |",
+        "| results | family | arm | seeds | mean per-seed ratio of steps (over every target) +- standard error |",
         "|---|---|---|---|---|",
     ]
     loaded = [(path.stem, json.loads(path.read_text())) for path in paths]
     if merge:
         loaded = [(" + ".join(name for name, _ in loaded), merged([result for _, result in loaded]))]
     for name, result in loaded:
-        for line in mean_ratios(result):
-            ratios = ", ".join(f"/ {base} {value:.2f}" for base, value in line["ratios"].items())
+        lines = mean_ratios(result)
+        if len({line["family"] for line in lines}) > 1:
+            lines += across_families(lines)
+        for line in lines:
+            ratios = ", ".join(f"/ {base} {mean:.2f} +- {error:.2f}" for base, (mean, error) in line["ratios"].items())
             out.append(f"| {name} | {line['family']} | {line['arm']} | {line['seeds']} | {ratios} |")
     return "\n".join(out) + "\n"
 

@@ -125,7 +125,14 @@ def test_merge_compares_one_runs_arm_with_another_runs_base() -> None:
     new = _curve("new", 0, [0.0, targets[0], targets[1], targets[2]])  # 10, 20, 30
     result = real_learner_summary.merged([_run("x", [bots]), _run("x", [new, bots])])
     [line] = [x for x in real_learner_summary.mean_ratios(result) if x["arm"] == "new"]
-    assert line["ratios"]["bots"] == pytest.approx((10 / 10 + 20 / 30 + 30 / 50) / 3)
+    assert line["ratios"]["bots"] == pytest.approx(((10 / 10 + 20 / 30 + 30 / 50) / 3, 0.0))
+    # A second seed where the new arm takes bots's steps: the mean of the two
+    # seeds' means, and the standard error of those two (|a - b| / 2).
+    again = [_curve(arm, 1, bots["acc"]) for arm in ("bots", "new")]  # type: ignore[arg-type]
+    result = real_learner_summary.merged([_run("x", [bots, *again]), _run("x", [new])])
+    [line] = [x for x in real_learner_summary.mean_ratios(result) if x["arm"] == "new"]
+    first = (10 / 10 + 20 / 30 + 30 / 50) / 3
+    assert line["ratios"]["bots"] == pytest.approx(((first + 1) / 2, (1 - first) / 2))
     with pytest.raises(SystemExit, match="different CPUs"):
         real_learner_summary.merged([_run("x", [bots]), _run("y", [new])])
     with pytest.raises(SystemExit, match="arm bots, seed 0 differs"):
