@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -182,6 +183,27 @@ def test_report_before_filtering_keeps_all_correct_and_all_wrong_groups(
     got = counts(client, exp_name)
     all_wrong, all_right = index_values[0], index_values[1]
     assert got[str(all_wrong)] == (0.0, 4.0) and got[str(all_right)] == (4.0, 0.0)
+
+
+def test_a_failed_early_report_of_a_map_raises_in_update(
+    address: str, client: bots_client.Client, exp_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trainer that reports a key -> (s, n) map before its filter: that
+    # report runs in the background. On verl's last step no draw follows
+    # update(), so update() itself must raise the report's failure.
+    sampler = BotsCurriculumSampler(RLHFLike(), data_config(address, exp_name))
+    index_values = first_batch_indices(sampler)
+    batch = rollout_batch(index_values, dict(zip(index_values, [0, 4, 1, 3])), n=4)
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise bots_client.UnavailableError("server gone", grpc.StatusCode.UNAVAILABLE)
+
+    for method in ("report_and_select", "report_outcomes"):
+        monkeypatch.setattr(sampler.curriculum.client, method, unavailable)
+    sampler.report(outcomes_from_batch(batch))
+    with pytest.raises(bots_client.UnavailableError):
+        sampler.update(filter_groups(batch))
+    assert client.get_experiment(exp_name).step == 0
 
 
 def test_without_the_early_report_the_filter_would_hide_the_evidence(

@@ -486,6 +486,11 @@ class _CurriculumSampler(_BotsSampler):
                 log.debug("%d tasks of the batch were reported before the filter", len(outcomes) - len(rest))
             if rest:
                 self._report(rest, "update()")
+            else:
+                # Everything went out early: a key -> (s, n) map's report may
+                # still run in the background, and on verl's last step no
+                # draw follows to raise its error.
+                self.wait()
         finally:
             self._reported_early.clear()
 
