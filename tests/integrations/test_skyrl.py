@@ -286,7 +286,7 @@ class Engines:
 def run_skyrl(
     path: Path, address: str, experiment: str, *, epochs: int = 2, resume: bool = False,
     crash_at_step: int | None = None, crash_at_report: int | None = None, step_wise: bool = False,
-    request_prefix: str = "step",
+    request_prefix: str = "step", max_training_steps: int | None = None,
 ) -> Any:  # fmt: skip
     """SkyRL's RayPPOTrainer, built as `BasePPOExp._setup_trainer` builds it
     (with BotsPPOExp.get_trainer's trainer), trained as `run()` trains it."""
@@ -305,6 +305,7 @@ def run_skyrl(
     trainer_cfg.train_batch_size = trainer_cfg.policy_mini_batch_size = 4
     trainer_cfg.micro_train_batch_size_per_gpu = trainer_cfg.micro_forward_batch_size_per_gpu = 4
     trainer_cfg.epochs, trainer_cfg.eval_interval, trainer_cfg.ckpt_interval = epochs, -1, 1
+    trainer_cfg.max_training_steps = max_training_steps
     trainer_cfg.ckpt_path, trainer_cfg.export_path = str(path / "ckpt"), str(path / "export")
     trainer_cfg.resume_mode = "latest" if resume else "none"
     trainer_cfg.algorithm.advantage_estimator = "grpo"
@@ -364,6 +365,17 @@ def test_real_skyrl_draws_and_reports_every_batch_once(
 
     scalars = read_scalars(tmp_path / "tb")
     assert [v for _, v in scalars["curriculum/server_step"]] == [float(s) for s in range(1, 7)]  # SkyRL's own logs
+
+
+def test_real_skyrl_max_training_steps_ends_the_run_with_nothing_drawn_ahead(
+    skyrl: Any, tmp_path: Path, address: str, client: bots_client.Client, exp_name: str
+) -> None:
+    # SkyRL caps its step count (the learning-rate schedule, the final eval)
+    # at max_training_steps; the last step's report draws no batch nobody trains.
+    trainer = run_skyrl(tmp_path, address, exp_name, max_training_steps=2)
+    assert (trainer.total_training_steps, trainer.global_step) == (2, 2)
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (2, 0)
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,9 @@ class BatchStream:
         self.next_number = 0
         self.current: SelectedBatch | None = None
         self.pass_end = 0  # the batch number this epoch's pass stops before
+        # The batch number training stops before (SkyRL's total_training_steps,
+        # with max_training_steps): no report draws it ahead. None: none.
+        self.last_end: int | None = None
         self._resumed_pass_end: int | None = None
         # Why the checkpoint's state did not load: SkyRL catches that error,
         # logs a warning and goes on from batch 0, so the first draw raises it.
@@ -141,7 +144,8 @@ class BatchStream:
         keys = [keys[int(uid)] for uid in uids]
         totals = [sum(r) if isinstance(r, Sequence) else r for r in rewards]
         outcomes = aggregate_outcomes(keys, totals, success_threshold=self.success_threshold)
-        ahead = 0 if self.next_number < self.pass_end else None  # the next draw joins the report
+        end = self.pass_end if self.last_end is None else min(self.pass_end, self.last_end)
+        ahead = 0 if self.next_number < end else None  # the next draw joins the report
         self.curriculum.report_in_background(outcomes, batch=batch.number, lookahead=ahead)
 
     def pop_signals(self) -> dict[str, float]:
@@ -225,6 +229,10 @@ class _BotsRayPPOTrainer:
             return
         self.train_dataloader = stream_for(self.train_dataset, self.cfg, self._bots_options)
         self.total_training_steps = len(self.train_dataloader) * int(self.cfg.trainer.epochs)
+        cap = getattr(self.cfg.trainer, "max_training_steps", None)
+        if cap is not None:  # as SkyRL's own: the schedule, the final eval and the last step follow it
+            self.total_training_steps = min(self.total_training_steps, int(cap))
+        self.train_dataloader.last_end = self.total_training_steps
 
     async def generate(self, input_batch: Any) -> Any:
         output = await super().generate(input_batch)  # type: ignore[misc]
