@@ -21,7 +21,8 @@ The report needs the rewards, which only the trainer sees:
   checkpoint is saved. The curriculum signals go into the step's metrics,
   i.e. into verl's own logger (every `trainer.logger` backend).
 - the legacy `RayPPOTrainer` (`trainer.use_v1=false`): verl calls
-  `train_dataset.on_batch_end(batch)` after every step but the last.
+  `train_dataset.on_batch_end(batch)` after every step but the last, so the
+  last step's outcomes are never reported there (the v1 trainer reports it).
 - the asynchronous v1 modes (`colocate_async`, `separate_async`) are refused:
   a training step there mixes prompts fetched over several steps.
 
