@@ -39,10 +39,12 @@ class Stalling:
 
 
 @contextlib.contextmanager
-def serving(handlers: dict[str, grpc.RpcMethodHandler]) -> Iterator[str]:
+def serving(handlers: dict[str, grpc.RpcMethodHandler] | grpc.GenericRpcHandler) -> Iterator[str]:
     """A real gRPC server answering `handlers` of the service; yields its address."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bots.v1.TaskSelector", handlers),))
+    if isinstance(handlers, dict):
+        handlers = grpc.method_handlers_generic_handler("bots.v1.TaskSelector", handlers)
+    server.add_generic_rpc_handlers((handlers,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
@@ -311,15 +313,9 @@ class LosingProxy(grpc.GenericRpcHandler):
 
 @contextlib.contextmanager
 def losing_proxy(proxy: LosingProxy) -> Iterator[str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    server.add_generic_rpc_handlers((proxy,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
-        proxy.channel.close()
+    """The proxy served on an address of its own, which it yields."""
+    with proxy.channel, serving(proxy) as address:
+        yield address
 
 
 def _source(client: bots_client.Client, name: str) -> None:

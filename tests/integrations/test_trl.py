@@ -367,45 +367,30 @@ def test_real_grpo_trainer_resumes_after_an_epoch_that_ended_with_a_partial_accu
     assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta)
 
 
+@pytest.mark.parametrize("same_trainer", [False, True], ids=["a new trainer", "the same trainer"])
 def test_real_grpo_trainer_resumed_in_the_same_process_follows_the_uninterrupted_run(
-    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any, same_trainer: bool
 ) -> None:
-    """A retry loop: the run crashes inside a generation cycle, and a new
-    trainer from the same BotsGRPO resumes from the checkpoint. Its
-    micro-step counter is restored as a new process's is."""
+    """A retry loop: the run fails inside a generation cycle, and a trainer
+    resumes from a checkpoint: a new one from the same BotsGRPO, or the same
+    one trained again (its micro-step counter then the failed run's, one
+    step past its checkpoint's). The counter is restored as a new process's is."""
     need("trl")
     kw: dict[str, Any] = {"steps_per_generation": 2}
     reference, _ = _grpo_run(address, exp_name + "-ref", tmp_path / "ref", max_steps=8, **kw)
     ref_exp, ref_snap = client.get_experiment(exp_name + "-ref"), client.snapshot(exp_name + "-ref")
     out = tmp_path / "crash"
-    _, bots = _grpo_run(address, exp_name, out, max_steps=8, crash_at=1, **kw)
-    after, _ = _grpo_run(address, exp_name, out, max_steps=8, resume=str(out / "checkpoint-1"), bots=bots, **kw)
-    by_key = {key: (step, keys) for key, step, keys in reference}
-    assert after and all(by_key[key] == (step, keys) for key, step, keys in after)
-    exp, snap = client.get_experiment(exp_name), client.snapshot(exp_name)
-    assert (exp.step, exp.open_batches) == (ref_exp.step, ref_exp.open_batches)
-    assert list(snap.alpha) == list(ref_snap.alpha) and list(snap.beta) == list(ref_snap.beta)
-
-
-def test_the_same_grpo_trainer_trained_again_from_an_older_checkpoint_follows_the_uninterrupted_run(
-    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
-) -> None:
-    """The run fails one step after a checkpoint inside a generation cycle,
-    and the user calls train(resume_from_checkpoint=...) on the same
-    trainer: its micro-step counter is the failed run's, one step ahead of
-    the checkpoint's, and must be restored as a new trainer's is."""
-    need("trl")
-    kw: dict[str, Any] = {"steps_per_generation": 2}
-    reference, _ = _grpo_run(address, exp_name + "-ref", tmp_path / "ref", max_steps=8, **kw)
-    ref_exp, ref_snap = client.get_experiment(exp_name + "-ref"), client.snapshot(exp_name + "-ref")
-    out = tmp_path / "crash"
-    _, bots = _grpo_run(address, exp_name, out, max_steps=8, crash_at=4, **kw)
-    bots.selections = after = []  # type: ignore[attr-defined]
-    trainer = bots.trainer
-    for callback in list(trainer.callback_handler.callbacks):
-        if type(callback).__name__ == "CrashAfterSave":  # the failure is fixed: no crash this time
-            trainer.remove_callback(callback)
-    trainer.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    if not same_trainer:
+        _, bots = _grpo_run(address, exp_name, out, max_steps=8, crash_at=1, **kw)
+        after, _ = _grpo_run(address, exp_name, out, max_steps=8, resume=str(out / "checkpoint-1"), bots=bots, **kw)
+    else:
+        _, bots = _grpo_run(address, exp_name, out, max_steps=8, crash_at=4, **kw)
+        bots.selections = after = []  # type: ignore[attr-defined]
+        trainer = bots.trainer
+        for callback in list(trainer.callback_handler.callbacks):
+            if type(callback).__name__ == "CrashAfterSave":  # the failure is fixed: no crash this time
+                trainer.remove_callback(callback)
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     by_key = {key: (step, keys) for key, step, keys in reference}
     assert after and all(by_key[key] == (step, keys) for key, step, keys in after)
     exp, snap = client.get_experiment(exp_name), client.snapshot(exp_name)
