@@ -92,3 +92,26 @@ def test_the_budget_keeps_what_fits(tmp_path: Path) -> None:
         runtime = service.core.runtime
         assert list(runtime.live) == ["e3", "e4", "e5"]  # least recently used went first
         assert runtime.memory_bytes <= one * 3.5
+
+
+def test_a_tenant_loading_more_than_its_share_evicts_its_own_experiments_first(tmp_path: Path) -> None:
+    """One tenant's flood of experiments must not push another tenant's out
+    of memory: the tenant holding the most is evicted first."""
+    with InProcessService(f"sqlite:///{tmp_path / 'probe.db'}") as probe:
+        with bots_client.Client("in-process", channel=probe.channel()) as client:
+            client.create_experiment("one")
+            client.add_tasks("one", [Task(key=f"t{i}") for i in range(TASKS)])
+            client.select_batch("one", 1)
+        one = probe.core.runtime.live["one"].memory_bytes()
+    with InProcessService(f"sqlite:///{tmp_path / 'fair.db'}", memory_budget_bytes=int(one * 3.5)) as service:
+        with bots_client.Client("in-process", channel=service.channel()) as client:
+            names = ["team-b/victim"] + [f"team-a/flood{e}" for e in range(6)]
+            for name in names:
+                client.create_experiment(name)
+                client.add_tasks(name, [Task(key=f"t{i}") for i in range(TASKS)])
+            for name in names:
+                client.select_batch(name, 1)
+        runtime = service.core.runtime
+        # Least recently used alone would have dropped the victim first.
+        assert list(runtime.live) == ["team-b/victim", "team-a/flood4", "team-a/flood5"]
+        assert runtime.memory_bytes <= one * 3.5

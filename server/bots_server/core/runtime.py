@@ -31,6 +31,7 @@ from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
 from bots_server.core.observer import PosteriorView, SelectorObserver
 from bots_server.core.priority import DEFAULT_BULK_SHARE, Priority
+from bots_server.core.tenancy import tenant_of
 from bots_server.errors import NotFound, Unavailable
 from bots_server.store import LoadedRows, Lookup, Store
 
@@ -234,23 +235,35 @@ class Runtime:
         return lookup if lookup.leases_at is not None else dataclasses.replace(lookup, leases_at=self.clock())
 
     def keep_within_budget(self) -> None:
-        """Over the memory budget, drop the least recently used experiments
-        that no call is using (holding or awaiting their lock). They stay in
-        the store and are rebuilt on their next call, bit-identical: a
-        rebuild is the checkpoint plus a replay of the committed events, as
-        after a restart. The most recently used experiment (the one just
-        loaded or grown) stays, even alone over the budget."""
+        """Over the memory budget, drop experiments that no call is using
+        (holding or awaiting their lock). They stay in the store and are
+        rebuilt on their next call, bit-identical: a rebuild is the
+        checkpoint plus a replay of the committed events, as after a
+        restart. The most recently used experiment (the one just loaded or
+        grown) stays, even alone over the budget.
+
+        Fair across tenants: the next one dropped is the least recently used
+        of the tenant that holds the most memory, so a tenant that loads
+        more than its share evicts its own experiments before another's
+        (with one tenant: the least recently used)."""
         budget = self.memory_budget_bytes
         if budget is None:
             return
-        total = self.memory_bytes
-        for name in list(self.live)[:-1]:
-            if total <= budget:
-                break
-            if name in self._locks:
-                continue
+        sizes = {name: live.memory_bytes() for name, live in list(self.live.items())}
+        total = sum(sizes.values())
+        if total <= budget:
+            return
+        held: dict[str, int] = {}
+        for name, size in sizes.items():
+            held[tenant_of(name)] = held.get(tenant_of(name), 0) + size
+        candidates = [name for name in list(sizes)[:-1] if name not in self._locks]  # least recently used first
+        while total > budget and candidates:
+            heaviest = max(sorted({tenant_of(n) for n in candidates}), key=lambda tenant: held[tenant])
+            name = next(n for n in candidates if tenant_of(n) == heaviest)
+            candidates.remove(name)
             live = self.live.pop(name)
-            total -= live.memory_bytes()
+            total -= sizes[name]
+            held[heaviest] -= sizes[name]
             self.evictions += 1
             self.notify(self.observer.experiment_evicted, name)
             log.info("experiment evicted", extra={"experiment": name, "step": live.step, "num_tasks": live.num_tasks})
