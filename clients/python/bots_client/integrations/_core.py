@@ -778,7 +778,8 @@ class Curriculum:
             try:
                 result = self._send_report(batch, outcomes, ahead)
             except Exception:
-                self._failed_reports.add(batch.batch_id)
+                with self._lock:
+                    self._failed_reports.add(batch.batch_id)
                 raise
         with self._lock:
             self._failed_reports.discard(batch.batch_id)
