@@ -21,6 +21,7 @@ import logging
 import platform
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from wsgiref.simple_server import WSGIServer
 
@@ -50,6 +51,9 @@ LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 # The kinds bots_server.store reports; pre-created at zero so rate() and
 # alerts see a series before the first error.
 DATABASE_ERROR_KINDS = ("unavailable", "timeout", "connection_lost", "integrity", "other")
+# How many deleted experiments' names the metrics remember, to keep their
+# late hooks from bringing their series back (ExperimentMetrics._removed).
+REMEMBERED_REMOVALS = 4096
 
 class RpcMetrics:
     """The go-grpc-prometheus server metrics, with the handling-time histogram on."""
@@ -213,8 +217,11 @@ class ExperimentMetrics(SelectorObserver, Collector):
         self._views: dict[str, _ExperimentView] = {}
         self._groups: dict[str, set[str]] = {}  # labels of group_tasks_selected, to drop with the experiment
         # Deleted experiments whose late hooks (queued before the delete, run
-        # after it on another thread) must not bring their series back.
-        self._removed: set[str] = set()
+        # after it on another thread) must not bring their series back. Such
+        # hooks run within moments of the delete, so only the most recent
+        # names are kept: a server that creates and deletes experiments for
+        # months does not grow a name per delete.
+        self._removed: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         registry.register(self)
 
@@ -283,7 +290,7 @@ class ExperimentMetrics(SelectorObserver, Collector):
         self.load_seconds.observe(seconds)
         self._set_posterior(experiment, posterior)
         with self._lock:
-            self._removed.discard(experiment)
+            self._removed.pop(experiment, None)
             view = self._views.get(experiment)
             if view is None or view.step < posterior.step or view.posterior is None:
                 # The loaded state is durable (checkpoint + event log): count
@@ -331,7 +338,10 @@ class ExperimentMetrics(SelectorObserver, Collector):
     def experiment_removed(self, experiment: str) -> None:
         with self._lock:
             self._views.pop(experiment, None)
-            self._removed.add(experiment)
+            self._removed[experiment] = None
+            self._removed.move_to_end(experiment)
+            while len(self._removed) > REMEMBERED_REMOVALS:
+                self._removed.popitem(last=False)
         for metric in self._labelled:
             with contextlib.suppress(KeyError):
                 metric.remove(experiment)

@@ -379,3 +379,33 @@ def test_database_outage_is_counted_and_clears_readiness(fresh_pg_url: str) -> N
         assert unavailable >= 1
     finally:
         server.kill()
+
+
+def test_deleted_experiments_are_remembered_only_as_long_as_their_late_hooks_need() -> None:
+    """A hook queued before a delete and run after it must not bring the
+    experiment's series back; a server deleting experiments for months must
+    not keep every name it deleted."""
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from bots_server.metrics import REMEMBERED_REMOVALS, ExperimentMetrics
+
+    registry = CollectorRegistry()
+    metrics = ExperimentMetrics(registry)
+
+    def selected(experiment: str) -> float | None:
+        return registry.get_sample_value("bots_batches_selected_total", {"experiment": experiment})
+
+    metrics.batch_selected("gone", "b0", 4, time.time() + 60)
+    metrics.experiment_removed("gone")
+    metrics.batch_selected("gone", "b1", 4, time.time() + 60)  # late: queued before the delete
+    assert selected("gone") is None
+    for i in range(REMEMBERED_REMOVALS):
+        metrics.experiment_removed(f"other-{i}")
+    # Long after: the name is forgotten, so the memory stays bounded, and a
+    # new experiment of that name gets its series.
+    metrics.batch_selected("gone", "b2", 4, time.time() + 60)
+    assert selected("gone") == 1.0
+    metrics.batch_selected(f"other-{REMEMBERED_REMOVALS - 1}", "b3", 4, time.time() + 60)
+    assert selected(f"other-{REMEMBERED_REMOVALS - 1}") is None  # a recent delete is still remembered
