@@ -74,14 +74,20 @@ def test_evicting_changes_no_batch_and_no_posterior(backend: str, tmp_path: Path
         np.testing.assert_array_equal(got_beta, beta)
 
 
-def test_the_budget_keeps_what_fits(tmp_path: Path) -> None:
-    """With room for about three experiments, three stay loaded."""
-    with InProcessService(f"sqlite:///{tmp_path / 'fits.db'}") as probe:
+def _loaded_bytes(db: Path, key_prefix: str) -> int:
+    """The memory estimate of one loaded experiment of TASKS tasks keyed
+    `key_prefix` + i: the unit the budget tests size their budgets in."""
+    with InProcessService(f"sqlite:///{db}") as probe:
         with bots_client.Client("in-process", channel=probe.channel()) as client:
             client.create_experiment("one")
-            client.add_tasks("one", [Task(key=f"one/t{i}") for i in range(TASKS)])
+            client.add_tasks("one", [Task(key=f"{key_prefix}{i}") for i in range(TASKS)])
             client.select_batch("one", 1)
-        one = probe.core.runtime.live["one"].memory_bytes()
+        return probe.core.runtime.live["one"].memory_bytes()
+
+
+def test_the_budget_keeps_what_fits(tmp_path: Path) -> None:
+    """With room for about three experiments, three stay loaded."""
+    one = _loaded_bytes(tmp_path / "fits.db", "one/t")
     with InProcessService(f"sqlite:///{tmp_path / 'budget.db'}", memory_budget_bytes=int(one * 3.5)) as service:
         with bots_client.Client("in-process", channel=service.channel()) as client:
             for e in range(6):
@@ -97,12 +103,7 @@ def test_the_budget_keeps_what_fits(tmp_path: Path) -> None:
 def test_a_tenant_loading_more_than_its_share_evicts_its_own_experiments_first(tmp_path: Path) -> None:
     """One tenant's flood of experiments must not push another tenant's out
     of memory: the tenant holding the most is evicted first."""
-    with InProcessService(f"sqlite:///{tmp_path / 'probe.db'}") as probe:
-        with bots_client.Client("in-process", channel=probe.channel()) as client:
-            client.create_experiment("one")
-            client.add_tasks("one", [Task(key=f"t{i}") for i in range(TASKS)])
-            client.select_batch("one", 1)
-        one = probe.core.runtime.live["one"].memory_bytes()
+    one = _loaded_bytes(tmp_path / "probe.db", "t")
     with InProcessService(f"sqlite:///{tmp_path / 'fair.db'}", memory_budget_bytes=int(one * 3.5)) as service:
         with bots_client.Client("in-process", channel=service.channel()) as client:
             names = ["team-b/victim"] + [f"team-a/flood{e}" for e in range(6)]
