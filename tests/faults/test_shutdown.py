@@ -48,6 +48,10 @@ def test_a_stop_stuck_on_a_lock_ends_with_every_stack_logged() -> None:
         messages = server.messages()
         assert "shutdown did not finish; exiting" in messages
         assert any("write_checkpoint" in m for m in messages)  # the stack shows where it waited
+        # and the log line, at which step of the stop (the stacks alone show
+        # an idle event loop when an await hangs rather than a thread)
+        gave_up = [e for e in server.log_lines if e.get("message") == "shutdown did not finish; exiting"]
+        assert [e["stage"] for e in gave_up] == ["final checkpoints"]
 
         again = ServerProcess(url, extra_args=ARGS).start()
         try:
@@ -92,7 +96,7 @@ def test_a_stop_while_the_start_waits_for_the_migration_lock_keeps_its_deadline(
             took = time.monotonic() - started
         assert code == EXIT_SHUTDOWN_TIMEOUT
         assert SHUTDOWN_SECONDS <= took < SHUTDOWN_SECONDS + 5
-        assert "shutdown did not finish; exiting" in stderr.read_text()
+        assert '"stage": "starting"' in stderr.read_text()
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()

@@ -193,6 +193,9 @@ class BotsServer:
             self.health_port = _listen(self.health_server, settings.health_listen, None, shared=bool(siblings))
         self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # What the process is doing, for the log line of a stop that does not
+        # end: the thread stacks show an idle event loop whichever await hangs.
+        self.stage = "starting"
 
     async def start(self) -> None:
         if self.settings.migrate and (newer := await asyncio.to_thread(self.store.migrate)):
@@ -218,6 +221,7 @@ class BotsServer:
         ]
         if self.credentials_file is not None:
             self._tasks.append(asyncio.create_task(self.credentials_file.watch(), name="credentials-reload"))
+        self.stage = "serving"
         log.info(
             "serving",
             extra={
@@ -278,19 +282,27 @@ class BotsServer:
     async def stop(self) -> None:
         """Stop accepting calls, let in-flight ones finish, checkpoint, close."""
         log.info("shutting down", extra={"grace_seconds": self.settings.grace_seconds})
+        self.stage = "draining calls"
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.grace_seconds)
         if self.health_server is not None:
+            self.stage = "stopping the health port"
             await self.health_server.stop(0)
         for task in self._tasks:
+            self.stage = f"stopping the {task.get_name()} task"
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.stage = "final checkpoints"
         await self.selector.close()
+        self.stage = "closing the database"
         self.store.close()
+        self.stage = "closing the metrics port"
         self.metrics.stop_http()
         if self.settings.otlp_endpoint:
+            self.stage = "flushing traces"
             await asyncio.to_thread(tracing.shutdown)  # flush what is queued
+        self.stage = "stopped"
         log.info("stopped")
 
 
@@ -349,7 +361,7 @@ async def serve(settings: ServerSettings) -> None:
         await stopping
     # The deadline runs from the signal, also when it came while the server
     # was starting (a migration waiting for another's lock).
-    _exit_unless_stopped_within(settings.shutdown_seconds)
+    _exit_unless_stopped_within(settings.shutdown_seconds, lambda: server.stage)
     await starting
     await server.stop()  # beating on: a process draining for long is not stalled
     if beating is not None:
@@ -378,7 +390,7 @@ def _heartbeat(path: str) -> asyncio.Task[None] | None:
 EXIT_SHUTDOWN_TIMEOUT = 3
 
 
-def _exit_unless_stopped_within(seconds: float) -> None:
+def _exit_unless_stopped_within(seconds: float, stage: Callable[[], str]) -> None:
     """A stop must end: past `seconds`, log where every thread is and exit.
     What is lost is at most a final checkpoint (the next start replays the
     events it would have covered); without this a stuck thread (a driver
@@ -388,7 +400,7 @@ def _exit_unless_stopped_within(seconds: float) -> None:
     keep a process that stopped in time from exiting."""
 
     def give_up() -> None:
-        log.error("shutdown did not finish; exiting", extra={"shutdown_seconds": seconds})
+        log.error("shutdown did not finish; exiting", extra={"shutdown_seconds": seconds, "stage": stage()})
         logs.flush()  # the line above before the stacks, which go to stderr directly
         faulthandler.dump_traceback(all_threads=True)
         os._exit(EXIT_SHUTDOWN_TIMEOUT)
