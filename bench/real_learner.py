@@ -78,6 +78,10 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "bots-ref": {**REFERENCE},
     "bots-plus-ref": {"selection_mode": "expected", "track_prediction": 0.5, "forgetting": 0.05, **REFERENCE},
     "bots-keep": {"keep_successes": 1.0},
+    # No service: each step the policy's own pass rates pick the batch (see
+    # oracle_batch). Not engines: what selection by pass rate could reach.
+    "oracle": {"oracle": "informative"},
+    "oracle-unsolved": {"oracle": "unsolved"},
 }
 # Arm keys that are not ExperimentConfig fields. On how the arm reports:
 # report_spread=0 sends family c's mean rewards without their sum of squares
@@ -86,7 +90,10 @@ ARMS: dict[str, dict[str, Any] | None] = {
 # (SetGroupShares; unset: no shares); first_share = x fixes the first
 # source's share at x and the other's at 1 - x. entropy: the learner's
 # entropy bonus in this arm (default the family's).
-ARM_ONLY = ("report_spread", "share_min", "share_max", "first_share", "entropy")
+# No service: oracle=informative or oracle=unsolved, a batch picked with the
+# policy's current pass rates (oracle_batch); uniform=1, the shuffled
+# DataLoader (`--arm uniform-e0:uniform=1,entropy=0`).
+ARM_ONLY = ("report_spread", "share_min", "share_max", "first_share", "entropy", "oracle", "uniform")
 # --sources: every task's source (its group on the server) by its tier. Two
 # datasets of one family that a run mixes: a the short chains (lengths 1-3)
 # and the long ones; b the curated tasks (r >= 1) and the scraped ones
@@ -284,6 +291,33 @@ def pass_rates(policy: Policy, pool: TaskPool, fractional: bool) -> np.ndarray:
     return torch.cat(out).double().numpy()
 
 
+# A task counts as solved for the "unsolved" oracle at this pass rate: a
+# group of 8 rollouts is then all right at least 43% of the time.
+SOLVED = 0.9
+
+
+@torch.no_grad()
+def oracle_batch(policy: Policy, pool: TaskPool, spec: FamilySpec, rule: str, rng: np.random.Generator) -> torch.Tensor:
+    """A batch picked with the policy's pass rates now (family c:
+    approximate, see pass_rates), what no service can know:
+
+    - "informative": the `spec.batch` tasks whose groups of `spec.rollouts`
+      are most likely informative, largest 1 - p^m - (1 - p)^m, ties at random;
+    - "unsolved": uniformly at random among the tasks below SOLVED (the
+      lowest pass rates when fewer are left)."""
+    p = pass_rates(policy, pool, spec.fractional)
+    if rule == "informative":
+        m = spec.rollouts
+        chance = 1.0 - p**m - (1.0 - p) ** m
+        return torch.as_tensor(np.lexsort((rng.random(len(p)), -chance))[: spec.batch])
+    if rule == "unsolved":
+        candidates = np.flatnonzero(p < SOLVED)
+        if len(candidates) < spec.batch:
+            candidates = np.argsort(p, kind="stable")[: spec.batch]
+        return torch.as_tensor(rng.choice(candidates, spec.batch, replace=False))
+    raise ValueError(f"unknown oracle rule {rule!r}: expected informative or unsolved")
+
+
 def reference_features(family: Family, seed: int, init: Policy, steps: int) -> list[dict[str, float]]:
     """Two reference pass rates per task, measured offline as with real
     reference models: "weak", the initial policy's; "strong", a reference
@@ -355,6 +389,11 @@ def _record_reports(client: Any, curve: Curve) -> None:
     client.report_and_select = wrap(client.report_and_select)
 
 
+def uses_service(overrides: Mapping[str, Any] | None) -> bool:
+    """Whether an arm draws its batches from the server (uniform and the oracle do not)."""
+    return overrides is not None and not overrides.get("oracle") and not overrides.get("uniform")
+
+
 def train(
     family: Family, arm: str, overrides: dict[str, Any] | None, seed: int, budget: int, init: Policy,
     address: str | None, stop_early: bool = True, verbose: bool = False,
@@ -382,7 +421,7 @@ def train(
     curve.tier_counts = {t: pool.tiers.count(t) for t in pool.tier_names}
     sampler = None
     report_spread = True
-    if overrides is None:
+    if not uses_service(overrides):
         loader: Any = DataLoader(
             pool, batch_size=spec.batch, shuffle=True, drop_last=True,
             generator=torch.Generator().manual_seed(seed),
@@ -408,6 +447,10 @@ def train(
         loader = DataLoader(pool, batch_size=sampler.local_batch_size, sampler=sampler)
 
     def batches() -> Iterator[torch.Tensor]:
+        if overrides is not None and overrides.get("oracle"):
+            rng = np.random.default_rng(seed)
+            while True:
+                yield oracle_batch(policy, pool, spec, str(overrides["oracle"]), rng)
         while True:
             yield from loader
 
@@ -705,7 +748,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = None
     db_dir = scratch_dir()
     try:
-        if any(table[n] is not None for n in names):
+        if any(uses_service(table[n]) for n in names):
             server = server_process(f"sqlite:///{db_dir}/bots.db").start()
         for fam in families:
             spec = SPECS[fam]

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from bench import real_learner
 from bench.real_learner_tasks import SPECS, make_family, score
@@ -31,7 +32,7 @@ def test_quick_run_covers_every_family_and_arm(tmp_path: Path) -> None:
             assert len(c["acc"]) == len(c["steps"]) and all(0.0 <= a <= 1.0 for a in c["acc"])
             assert len(c["informative"]) == len(c["steps"]) - 1
             assert bool(c["heldout"]) == (fam == "b")
-            if real_learner.ARMS[c["arm"]] is None:
+            if not real_learner.uses_service(real_learner.ARMS[c["arm"]]):
                 assert c["reported_outcomes"] == 0
             else:  # every service arm reported every step's tasks, and the server took them
                 assert c["reported_outcomes"] >= SPECS[fam].batch * c["steps"][-1], (fam, c["arm"])
@@ -59,6 +60,35 @@ def test_same_seed_gives_identical_uniform_curves() -> None:
     runs = [real_learner.train(family, "uniform", None, 3, 30, init, None, stop_early=False) for _ in range(2)]
     assert runs[0].acc == runs[1].acc and runs[0].mean_reward == runs[1].mean_reward
     assert runs[0].steps == list(range(0, 31, 10))
+
+
+def test_the_oracle_picks_the_tasks_whose_sampled_groups_are_most_often_informative() -> None:
+    # Checked against the policy's own samples: 64 rollouts of every task
+    # give each task's empirical pass rate and chance of a mixed group of 8.
+    spec = SPECS["a"]
+    family = make_family("a", 1)
+    policy = real_learner.initial_policy(family, 1)
+    pool, m = family.pool, spec.rollouts
+    rows = torch.arange(len(pool)).repeat_interleave(64)
+    generator = torch.Generator().manual_seed(5)
+    rewards = score(pool, rows, policy.generate(pool, rows, generator), False).view(len(pool), 64).double().numpy()
+    sampled = rewards.mean(axis=1)
+    exact = real_learner.pass_rates(policy, pool, False)
+    assert abs(sampled.mean() - exact.mean()) < 0.005 and np.corrcoef(sampled, exact)[0, 1] > 0.9
+    chance = 1 - sampled**m - (1 - sampled) ** m
+    picked = real_learner.oracle_batch(policy, pool, spec, "informative", np.random.default_rng(0)).numpy()
+    assert len(set(picked.tolist())) == spec.batch
+    rest = np.setdiff1d(np.arange(len(pool)), picked)
+    assert chance[picked].mean() > 0.7 > 5 * chance[rest].mean(), (chance[picked].mean(), chance[rest].mean())
+    # "unsolved" draws among the tasks below SOLVED: two draws differ, neither holds a solved task
+    draws = [
+        real_learner.oracle_batch(policy, pool, spec, "unsolved", np.random.default_rng(s)).numpy() for s in (1, 2)
+    ]
+    assert set(draws[0].tolist()) != set(draws[1].tolist())
+    for draw in draws:
+        assert len(set(draw.tolist())) == spec.batch and (exact[draw] < real_learner.SOLVED).all()
+    with pytest.raises(ValueError, match="unknown oracle rule"):
+        real_learner.oracle_batch(policy, pool, spec, "best", np.random.default_rng(0))
 
 
 def test_partial_credit_is_fractional_and_exact_match_is_binary() -> None:
