@@ -28,8 +28,6 @@ def ref_closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng
         p = alpha / (alpha + beta)
     else:
         p = ref_beta_draws(rng, alpha, beta, params.random_stream)
-    if params.selection_mode == "unsolved":
-        return np.array([1.0 if x < params.solved_threshold else -x for x in p])
     score = -np.abs(params.target_success - p)
     if params.selection_mode in ("softmax", "softmax_mean"):
         score = score / params.temperature + rng.gumbel(size=score.shape[0])

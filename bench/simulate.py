@@ -165,18 +165,6 @@ ENGINES: tuple[Method, ...] = (
         settings=(_EXPECTED, ("keep_successes", 1.0)),
     ),
     Method(
-        "bots-unsolved",
-        "BOTS + unsolved selection (uniform among draws below 0.9)",
-        group="engine",
-        settings=(("selection_mode", "unsolved"),),
-    ),
-    Method(
-        "bots-unsolved-keep",
-        "BOTS + unsolved selection, successes kept",
-        group="engine",
-        settings=(("selection_mode", "unsolved"), ("keep_successes", 1.0)),
-    ),
-    Method(
         "bots-all",
         "BOTS + all three (tracking 0.5, lambda=0.05)",
         forgetting=0.05,

@@ -67,10 +67,9 @@ def random_params(rng: np.random.Generator) -> EngineParams:
 
     return EngineParams(
         strategy=str(pick("bots", "bots", "uniform", "mopps")),
-        selection_mode=str(pick("thompson", "mean", "softmax", "softmax_mean", "expected", "unsolved")),
+        selection_mode=str(pick("thompson", "mean", "softmax", "softmax_mean", "expected")),
         target_success=float(pick(0.5, 0.0, 1.0, rng.random())),
         temperature=float(pick(1.0, 0.05, 3.0)),
-        solved_threshold=float(pick(0.9, 1.0, 0.01, rng.random() + 1e-9)),
         forgetting=float(pick(0.1, 0.0, -0.0, 1.0, rng.random())),
         keep_successes=float(pick(0.0, 0.0, 1.0, rng.random())),
         implicit_weight=float(pick(0.1, 0.0, 1.0, rng.random())),
@@ -157,7 +156,7 @@ def test_select_with_quotas_same_batch_as_the_reference() -> None:
         assert new_rng.bit_generator.state == old_rng.bit_generator.state
 
 
-@pytest.mark.parametrize("mode", ["thompson", "mean", "softmax", "softmax_mean", "expected", "unsolved"])
+@pytest.mark.parametrize("mode", ["thompson", "mean", "softmax", "softmax_mean", "expected"])
 def test_closeness_scores_same_bits(mode: str) -> None:
     rng = np.random.default_rng(3)
     state = random_state(rng, 5000)

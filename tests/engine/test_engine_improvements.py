@@ -66,58 +66,6 @@ def _state(capability: float) -> PosteriorState:
     return PosteriorState(arr(3.0, 2.0, 1.0), arr(1.0, 2.0, 1.0), WEAK, STRONG, capability)
 
 
-# --------------------------------------------------------------------------
-# selection_mode = "unsolved": uniformly at random among the tasks not solved
-# --------------------------------------------------------------------------
-
-
-def test_unsolved_mode_picks_unsolved_tasks_alike_whatever_their_pass_rate() -> None:
-    # 10 solved tasks (Beta(400, 1): a draw below 0.9 has chance 0.9^400),
-    # and 30 unsolved ones whose draws are below 0.9 but for a 1e-9 chance:
-    # 10 near 0 (Beta(1, 200)), 10 near 1/2 (Beta(50, 50)), 10 near 0.8
-    # (Beta(800, 200)). Each of 2000 batches of 6 then holds 6 of the 30
-    # unsolved, each with chance 6/30 = 0.2 whatever its pass rate, where
-    # Thompson closeness to 1/2 would take the middle ten nearly every time.
-    alpha = np.array([400.0] * 10 + [1.0] * 10 + [50.0] * 10 + [800.0] * 10)
-    beta = np.array([1.0] * 10 + [200.0] * 10 + [50.0] * 10 + [200.0] * 10)
-    params = EngineParams(selection_mode="unsolved")
-    available = np.ones(40, dtype=bool)
-    counts = np.zeros(40)
-    batches = 2000
-    for i in range(batches):
-        picked = select(params, alpha, beta, available, 6, np.random.default_rng(i))
-        assert len(set(picked.tolist())) == 6
-        counts[picked] += 1
-    share = counts / batches
-    assert share[:10].max() == 0.0
-    # binomial(2000, 0.2): standard deviation 0.009 per task; 5 of them
-    assert np.abs(share[10:] - 0.2).max() < 0.045, share[10:]
-    for group in (share[10:20], share[20:30], share[30:40]):
-        assert abs(group.mean() - 0.2) < 0.015, group.mean()
-
-
-def test_unsolved_mode_fills_the_batch_with_the_least_solved_when_too_few_are_left() -> None:
-    # Two unsolved tasks (draws below 0.9 for sure), three solved ones whose
-    # draws sit near 0.92, 0.95 and 0.999: a batch of 3 takes both unsolved
-    # and then the solved task of the lowest draw.
-    alpha = np.array([1.0, 92_000.0, 950_000.0, 1.0, 999_000.0])
-    beta = np.array([100.0, 8_000.0, 50_000.0, 100.0, 1_000.0])
-    params = EngineParams(selection_mode="unsolved")
-    picked = select(params, alpha, beta, np.ones(5, dtype=bool), 3, np.random.default_rng(0))
-    assert sorted(picked.tolist()) == [0, 1, 3]
-    scores = closeness(params, alpha, beta, np.random.default_rng(0))
-    assert scores[0] == scores[3] == 1.0 and -0.93 < scores[1] < -0.91
-
-
-def test_unsolved_mode_takes_its_line_from_solved_threshold() -> None:
-    # A task sure to be near 0.5 counts as solved against a line of 0.3
-    alpha, beta = np.array([5000.0, 1.0]), np.array([5000.0, 1000.0])
-    low = EngineParams(selection_mode="unsolved", solved_threshold=0.3)
-    high = EngineParams(selection_mode="unsolved")
-    rng = np.random.default_rng(1)
-    assert closeness(low, alpha, beta, rng)[0] < 0 < closeness(high, alpha, beta, rng)[0]
-
-
 def test_tracking_moves_the_mean_by_the_predicted_change_and_keeps_the_strength() -> None:
     # Capability 0.2; task 2 reports 12 of 16 (r = 0.75): c_hat = (0.75 - 0.1) / (0.4 + 1e-6),
     # c = 0.9 * 0.2 + 0.1 * c_hat. Task 0's prediction 0.2 + 0.4 c moves by 0.4 (c - 0.2); its

@@ -56,7 +56,7 @@ def test_conversion_round_trips_a_config_with_every_field_changed() -> None:
         selection_mode="softmax", temperature=0.5, prior_alpha=2.0, prior_beta=3.0, capability_ema=0.7,
         candidate_ratio=2.0, warm_start_scale=8.0, warm_start_position=0.5,
         adaptive_rho_error=0.25, track_prediction=0.5, implicit_reliability=2.0, random_stream=1, keep_successes=0.5,
-        adaptive_shares=0.5, solved_threshold=0.8,
+        adaptive_shares=0.5,
         weak_feature="w", strong_feature="s", seed=7, lease_ttl_seconds=60.0,
     )  # fmt: skip
     assert all(getattr(config, n) != d for n, _, d in config_settings())

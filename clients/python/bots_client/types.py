@@ -63,7 +63,6 @@ class ExperimentConfig:
     random_stream: int = 2
     keep_successes: float = 0.0
     adaptive_shares: float = 0.0
-    solved_threshold: float = 0.9
 
 
 @dataclass(frozen=True)

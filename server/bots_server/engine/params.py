@@ -65,7 +65,7 @@ def _strategy_names() -> tuple[str, ...]:
     return strategies.names()
 
 
-SELECTION_MODES = ("thompson", "mean", "softmax", "softmax_mean", "expected", "unsolved")
+SELECTION_MODES = ("thompson", "mean", "softmax", "softmax_mean", "expected")
 
 
 @dataclass(frozen=True)
@@ -94,19 +94,11 @@ class EngineParams:
     selection_mode: str = setting(
         "thompson",
         "thompson (Beta draw), mean (posterior mean), softmax (Beta draw, sampled with temperature), "
-        "softmax_mean (posterior mean, sampled with temperature), expected (smallest posterior expected "
-        "squared distance to p*: no draw, uncertainty counts against a task) or unsolved (uniformly at random "
-        "among the tasks whose Beta draw is below solved_threshold; target_success unused)",
+        "softmax_mean (posterior mean, sampled with temperature) or expected (smallest posterior expected "
+        "squared distance to p*: no draw, uncertainty counts against a task)",
         choices=lambda: SELECTION_MODES
     )
     temperature: float = setting(1.0, "tau of the softmax modes", low=0.0, low_open=True)
-    solved_threshold: float = setting(
-        0.9,
-        "the unsolved mode's line: a task whose Beta draw reaches this pass rate counts as solved this step",
-        low=0.0,
-        high=1.0,
-        low_open=True,
-    )
     prior_alpha: float = setting(1.0, "a0 of the prior Beta(a0, b0)", low=0.0, low_open=True)
     prior_beta: float = setting(1.0, "b0 of the prior Beta(a0, b0)", low=0.0, low_open=True)
     capability_ema: float = setting(0.9, "smoothing of the plug-in's capability estimate", low=0.0, high=1.0)

@@ -21,8 +21,6 @@ def closeness(params: EngineParams, alpha: np.ndarray, beta: np.ndarray, rng: np
     code default (do_sample off, tau > 0): no Beta draw at all."""
     if params.selection_mode == "expected":
         return expected_closeness(params.target_success, alpha, beta)
-    if params.selection_mode == "unsolved":
-        return unsolved(params.solved_threshold, beta_draws(rng, alpha, beta, params.random_stream))
     if params.selection_mode in _MEAN_MODES:
         p = alpha / (alpha + beta)
     else:
@@ -47,15 +45,6 @@ def expected_closeness(target: float, alpha: np.ndarray, beta: np.ndarray) -> np
     n = alpha + beta
     mu = alpha / n
     return -((mu - target) ** 2 + mu * (1 - mu) / (n + 1))
-
-
-def unsolved(threshold: float, draws: np.ndarray) -> np.ndarray:
-    """1 where a task's draw is below `threshold` (unsolved: all tie, so the
-    top-k takes a uniformly random set of them), else -draw (when too few
-    are unsolved, the least solved-looking fill the batch). Thompson
-    sampling for the value 1{p < threshold}: a task enters with the
-    posterior probability that it is not solved yet."""
-    return np.where(draws < threshold, 1.0, -draws)
 
 
 # The sampled-threshold top-k (top_k) pays off only on pools much larger

@@ -26,7 +26,6 @@ class SelectionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SELECTION_MODE_SOFTMAX: _ClassVar[SelectionMode]
     SELECTION_MODE_SOFTMAX_MEAN: _ClassVar[SelectionMode]
     SELECTION_MODE_EXPECTED: _ClassVar[SelectionMode]
-    SELECTION_MODE_UNSOLVED: _ClassVar[SelectionMode]
 STRATEGY_UNSPECIFIED: Strategy
 STRATEGY_BOTS: Strategy
 STRATEGY_MOPPS: Strategy
@@ -37,10 +36,9 @@ SELECTION_MODE_MEAN: SelectionMode
 SELECTION_MODE_SOFTMAX: SelectionMode
 SELECTION_MODE_SOFTMAX_MEAN: SelectionMode
 SELECTION_MODE_EXPECTED: SelectionMode
-SELECTION_MODE_UNSOLVED: SelectionMode
 
 class ExperimentConfig(_message.Message):
-    __slots__ = ("strategy", "target_success", "forgetting", "implicit_weight", "rollouts_per_task", "selection_mode", "temperature", "weak_feature", "strong_feature", "prior_alpha", "prior_beta", "seed", "lease_ttl_seconds", "capability_ema", "candidate_ratio", "warm_start_scale", "warm_start_position", "adaptive_rho_error", "track_prediction", "implicit_reliability", "random_stream", "keep_successes", "adaptive_shares", "solved_threshold")
+    __slots__ = ("strategy", "target_success", "forgetting", "implicit_weight", "rollouts_per_task", "selection_mode", "temperature", "weak_feature", "strong_feature", "prior_alpha", "prior_beta", "seed", "lease_ttl_seconds", "capability_ema", "candidate_ratio", "warm_start_scale", "warm_start_position", "adaptive_rho_error", "track_prediction", "implicit_reliability", "random_stream", "keep_successes", "adaptive_shares")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     TARGET_SUCCESS_FIELD_NUMBER: _ClassVar[int]
     FORGETTING_FIELD_NUMBER: _ClassVar[int]
@@ -64,7 +62,6 @@ class ExperimentConfig(_message.Message):
     RANDOM_STREAM_FIELD_NUMBER: _ClassVar[int]
     KEEP_SUCCESSES_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_SHARES_FIELD_NUMBER: _ClassVar[int]
-    SOLVED_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     target_success: float
     forgetting: float
@@ -88,8 +85,7 @@ class ExperimentConfig(_message.Message):
     random_stream: int
     keep_successes: float
     adaptive_shares: float
-    solved_threshold: float
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., target_success: _Optional[float] = ..., forgetting: _Optional[float] = ..., implicit_weight: _Optional[float] = ..., rollouts_per_task: _Optional[int] = ..., selection_mode: _Optional[_Union[SelectionMode, str]] = ..., temperature: _Optional[float] = ..., weak_feature: _Optional[str] = ..., strong_feature: _Optional[str] = ..., prior_alpha: _Optional[float] = ..., prior_beta: _Optional[float] = ..., seed: _Optional[int] = ..., lease_ttl_seconds: _Optional[float] = ..., capability_ema: _Optional[float] = ..., candidate_ratio: _Optional[float] = ..., warm_start_scale: _Optional[float] = ..., warm_start_position: _Optional[float] = ..., adaptive_rho_error: _Optional[float] = ..., track_prediction: _Optional[float] = ..., implicit_reliability: _Optional[float] = ..., random_stream: _Optional[int] = ..., keep_successes: _Optional[float] = ..., adaptive_shares: _Optional[float] = ..., solved_threshold: _Optional[float] = ...) -> None: ...
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., target_success: _Optional[float] = ..., forgetting: _Optional[float] = ..., implicit_weight: _Optional[float] = ..., rollouts_per_task: _Optional[int] = ..., selection_mode: _Optional[_Union[SelectionMode, str]] = ..., temperature: _Optional[float] = ..., weak_feature: _Optional[str] = ..., strong_feature: _Optional[str] = ..., prior_alpha: _Optional[float] = ..., prior_beta: _Optional[float] = ..., seed: _Optional[int] = ..., lease_ttl_seconds: _Optional[float] = ..., capability_ema: _Optional[float] = ..., candidate_ratio: _Optional[float] = ..., warm_start_scale: _Optional[float] = ..., warm_start_position: _Optional[float] = ..., adaptive_rho_error: _Optional[float] = ..., track_prediction: _Optional[float] = ..., implicit_reliability: _Optional[float] = ..., random_stream: _Optional[int] = ..., keep_successes: _Optional[float] = ..., adaptive_shares: _Optional[float] = ...) -> None: ...
 
 class Experiment(_message.Message):
     __slots__ = ("name", "config", "step", "num_tasks", "open_batches", "capability", "create_time", "forked_from", "forked_at_step")

@@ -16,7 +16,7 @@ from bots_server.engine.strategies.base import Strategy
 # Denominator guard of the interpolation plug-in, as in the reference code.
 _EPS = 1e-6
 
-SELECTION_SETTINGS = ("target_success", "selection_mode", "temperature", "solved_threshold", "candidate_ratio")
+SELECTION_SETTINGS = ("target_success", "selection_mode", "temperature", "candidate_ratio")
 UPDATE_SETTINGS = (
     "forgetting",
     "keep_successes",
