@@ -1,8 +1,8 @@
 """Real learners: small transformers trained from scratch by GRPO, with
 batches from a real BOTS server, against a uniform DataLoader.
 
-    .venv/bin/python -m bench.real_learner --quick          # 1 seed, short budgets (about 75 s on 2 cores)
-    nice -n 10 .venv/bin/python -m bench.real_learner       # 5 seeds, all families, all arms
+    .venv/bin/python -m bench.real_learner --quick          # 1 seed, short budgets (about 2.5 min on 2 cores)
+    nice -n 10 .venv/bin/python -m bench.real_learner       # 5 seeds, all families, all arms but the oracles
     nice -n 10 .venv/bin/python -m bench.real_learner --sources  # two sources a run: adaptive vs fixed shares
 
 The policy is a causal transformer (2 layers, d = 64, 4 heads, learned
@@ -80,9 +80,12 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "bots-keep": {"keep_successes": 1.0},
     # No service: each step the policy's own pass rates pick the batch (see
     # oracle_batch). Not engines: what selection by pass rate could reach.
+    # Run only when named (--arms uniform,bots,oracle): a pass over the
+    # whole pool every step makes them the slowest arms.
     "oracle": {"oracle": "informative"},
     "oracle-unsolved": {"oracle": "unsolved"},
 }
+DEFAULT_ARMS = tuple(name for name, arm in ARMS.items() if not (arm or {}).get("oracle"))
 # Arm keys that are not ExperimentConfig fields. On how the arm reports:
 # report_spread=0 sends family c's mean rewards without their sum of squares
 # (`--arm bots-mean:report_spread=0`), so the posterior follows the mean.
@@ -696,7 +699,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 seed, short budgets: a smoke test (under 3 minutes)")
     p.add_argument("--families", default=None, help="comma-separated: a (chain), b (tiers), c (partial); default all")
-    p.add_argument("--arms", default=None, help=f"comma-separated names from ARMS ({', '.join(ARMS)}); default all")
+    p.add_argument(
+        "--arms", default=None,
+        help=f"comma-separated names from ARMS ({', '.join(ARMS)}); default all but the oracles",
+    )  # fmt: skip
     p.add_argument(
         "--sources", action="store_true",
         help=f"two sources per family (SOURCES: families {', '.join(SOURCES)}) and the arms of SOURCE_ARMS "
@@ -730,7 +736,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"unknown family {f!r}: expected some of {', '.join(allowed)}")
     arms = SOURCE_ARMS if args.sources else ARMS
     table: dict[str, dict[str, Any] | None] = dict(arms)
-    names = list(arms) if args.arms is None else [a.strip() for a in args.arms.split(",") if a.strip()]
+    default = list(SOURCE_ARMS) if args.sources else list(DEFAULT_ARMS)
+    names = default if args.arms is None else [a.strip() for a in args.arms.split(",") if a.strip()]
     for text in args.arm:
         name, overrides = parse_arm(text)
         table[name] = overrides

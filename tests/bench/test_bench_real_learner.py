@@ -22,10 +22,10 @@ def test_quick_run_covers_every_family_and_arm(tmp_path: Path) -> None:
     assert real_learner.main(["--quick", "--output", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
     assert set(result["families"]) == {"a", "b", "c"}
-    assert list(result["arms"]) == list(real_learner.ARMS)
+    assert list(result["arms"]) == list(real_learner.DEFAULT_ARMS)
     for fam, data in result["families"].items():
         curves = data["curves"]
-        assert sorted(c["arm"] for c in curves) == sorted(real_learner.ARMS), fam
+        assert sorted(c["arm"] for c in curves) == sorted(real_learner.DEFAULT_ARMS), fam
         for c in curves:
             assert c["seed"] == 0
             assert c["steps"][0] == 0 and len(c["steps"]) >= 2, (fam, c["arm"])
@@ -42,7 +42,7 @@ def test_quick_run_covers_every_family_and_arm(tmp_path: Path) -> None:
                     assert c["fractional_outcomes"] == 0, (fam, c["arm"])
         # one row per metric, target and arm; ratios to both baselines per seed
         metrics = len(SPECS[fam].targets) + len(SPECS[fam].heldout_targets)
-        assert len(data["summary"]) == metrics * len(real_learner.ARMS)
+        assert len(data["summary"]) == metrics * len(real_learner.DEFAULT_ARMS)
         for row in data["summary"]:
             assert len(row["steps"]) == len(row["ratio_to_uniform"]) == len(row["ratio_to_bots"]) == 1
             if row["arm"] == "uniform":
@@ -89,6 +89,16 @@ def test_the_oracle_picks_the_tasks_whose_sampled_groups_are_most_often_informat
         assert len(set(draw.tolist())) == spec.batch and (exact[draw] < real_learner.SOLVED).all()
     with pytest.raises(ValueError, match="unknown oracle rule"):
         real_learner.oracle_batch(policy, pool, spec, "best", np.random.default_rng(0))
+
+
+def test_an_oracle_arm_trains_without_a_server() -> None:
+    family = make_family("a", 2)
+    init = real_learner.initial_policy(family, 2)
+    curve = real_learner.train(family, "oracle", real_learner.ARMS["oracle"], 2, 10, init, None, stop_early=False)
+    assert curve.steps == [0, 10] and curve.reported_outcomes == 0
+    # its batches are the most informative ones: 32 tasks, more than half mixed
+    # (uniform batches hold about a quarter, bench/results/real-learner.md)
+    assert curve.informative[0] > 0.5, curve.informative
 
 
 def test_partial_credit_is_fractional_and_exact_match_is_binary() -> None:
