@@ -55,6 +55,7 @@ DATABASE_ERROR_KINDS = ("unavailable", "timeout", "connection_lost", "integrity"
 # late hooks from bringing their series back (ExperimentMetrics._removed).
 REMEMBERED_REMOVALS = 4096
 
+
 class RpcMetrics:
     """The go-grpc-prometheus server metrics, with the handling-time histogram on."""
 
