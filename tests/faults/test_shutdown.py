@@ -86,7 +86,12 @@ def test_a_stop_while_the_start_waits_for_the_migration_lock_keeps_its_deadline(
                     stderr=err, stdout=subprocess.DEVNULL,
                 )  # fmt: skip
             deadline = time.monotonic() + 60
-            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            # Advisory locks are per database, and the other test workers'
+            # servers take the same key in theirs: count only this database's.
+            waiting = (
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
             while holder.execute(waiting).fetchone() != (1,):  # the migration waits for the lock
                 assert proc.poll() is None and time.monotonic() < deadline, stderr.read_text()
                 time.sleep(0.1)
