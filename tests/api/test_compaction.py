@@ -161,3 +161,26 @@ def test_the_compact_command_names_experiments_as_the_api_does(tmp_path) -> None
     assert wrong.stderr.startswith("error: the database at --db has no schema this code serves") and len(
         wrong.stderr.splitlines()
     ) == 1
+
+
+def test_a_resume_counts_a_compacted_batch_as_reported(tmp_path) -> None:
+    # A checkpoint's pending batches were reported (out of order) and have
+    # been compacted since: a resume draws neither again, where drawing one
+    # would be refused ("use a new request key").
+    from bots_client.integrations import Curriculum
+
+    policy = CheckpointPolicy(every_steps=4, every_seconds=3600, event_retention_steps=RETENTION)
+    with InProcessService(f"sqlite:///{tmp_path / 'r.db'}", checkpoint_policy=policy) as service:
+        with bots_client.Client("in-process", channel=service.channel()) as client:
+            setup(client, "run", CONFIG)
+            keys = [f"task-{i}" for i in range(40)]
+            run = Curriculum(client, "run", keys, batch_size=6)
+            first, second = run.select(), run.select()
+            state = run.checkpoint_state(2)
+            assert state["pending"] == [0, 1]
+            for batch in (second, first):
+                run.report({k: outcome(k, batch.number) for k in batch.keys}, batch=batch)
+            run_steps(client, "run", range(2, 20))
+            with pytest.raises(bots_client.FailedPreconditionError, match="compacted"):
+                client.select_batch("run", 6, request_key="step-0")
+            assert Curriculum(client, "run", keys, batch_size=6).resume_from(state, "test") == 2

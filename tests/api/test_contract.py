@@ -76,6 +76,16 @@ def test_same_request_key_returns_the_same_batch(client: bots_client.Client, end
     other = endpoint.connect()
     assert other.select_batch(name, 8, request_key="step-0") == first
     other.close()
+    assert first.reported_step is None
+    # Once reported, the same key still gets the batch, with the step of its
+    # report: a trainer resumed from a checkpoint learns that it need not
+    # draw it again.
+    before = client.select_batch(name, 8, request_key="before")
+    client.report_outcomes(name, before.batch_id, dict.fromkeys(before.keys, (0, 2)))
+    client.report_outcomes(name, first.batch_id, dict.fromkeys(first.keys, (1, 2)))
+    reported = client.select_batch(name, 8, request_key="step-0")
+    assert reported == dataclasses.replace(first, reported_step=2)
+    assert client.get_experiment(name).step == 2  # and selects nothing
 
 
 def test_open_batches_lease_their_tasks(client: bots_client.Client) -> None:

@@ -329,6 +329,41 @@ def test_a_batch_whose_report_failed_and_was_given_up_is_not_drawn_again_on_resu
     assert retry.checkpoint_state(1)["pending"] == [0]
 
 
+def test_a_resume_after_reports_out_of_order_draws_the_batch_never_reported(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    # An asynchronous trainer reports batches as their rollouts finish, not
+    # in the order it drew them. Counting the server's steps since the
+    # checkpoint cannot tell which pending batch the server got: the server
+    # says so for each request key.
+    keys = [f"k{i}" for i in range(12)]
+    run = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    first, second = run.select(), run.select()
+    state = run.checkpoint_state(2)
+    assert state["pending"] == [0, 1]
+    run.report(dict.fromkeys(second.keys, (1.0, 2)), batch=second)  # batch 1 finished first; then a crash
+    resumed = Curriculum(client, exp_name, keys, batch_size=2, config=EXACT)
+    assert resumed.resume_from(state, "test") == 0  # batch 0 is drawn again: its report never came
+    assert resumed.select(0).batch_id == first.batch_id
+    assert resumed.report(dict.fromkeys(first.keys, (2.0, 2))) != []
+    assert client.select_batch(exp_name, 2, request_key="step-1").reported_step == 1  # what the server says
+    assert resumed.select(1).batch_id == second.batch_id
+    assert resumed.report(dict.fromkeys(second.keys, (0.0, 2))) == []  # the first report of batch 1 stands
+    assert client.get_experiment(exp_name).step == 2
+
+    # A report of a batch drawn after the checkpoint is no news of the
+    # batches pending at it either.
+    other = f"{exp_name}-later"
+    run = Curriculum(client, other, keys, batch_size=2, config=EXACT)
+    pending = run.select()
+    state = run.checkpoint_state(1)
+    later = run.select()
+    run.report(dict.fromkeys(later.keys, (1.0, 2)), batch=later)
+    resumed = Curriculum(client, other, keys, batch_size=2, config=EXACT)
+    assert resumed.resume_from(state, "test") == 0
+    assert resumed.select(0).batch_id == pending.batch_id
+
+
 def test_curriculum_pickles_without_its_channel(client: bots_client.Client, exp_name: str) -> None:
     import pickle
 

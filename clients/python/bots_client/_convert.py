@@ -120,6 +120,7 @@ def batch_from_proto(message: pb.Batch) -> Batch:
         keys=list(message.keys),
         request_key=message.request_key,
         lease_expire_time=message.lease_expire_time.ToDatetime(tzinfo=dt.UTC),
+        reported_step=message.reported_step if message.HasField("reported_step") else None,
     )
 
 
@@ -130,6 +131,7 @@ def batch_to_proto(batch: Batch) -> pb.Batch:
         keys=batch.keys,
         request_key=batch.request_key,
         lease_expire_time=timestamp(batch.lease_expire_time),
+        reported_step=batch.reported_step,
     )
 
 

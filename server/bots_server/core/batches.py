@@ -390,6 +390,7 @@ def _batch(live: LiveExperiment, row: BatchRow) -> Batch:
         keys=live.batch_keys(row),
         request_key=row.request_key,
         lease_expire_time=row.lease_expire_time,
+        reported_step=row.reported_step,
     )
 
 

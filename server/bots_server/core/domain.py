@@ -130,6 +130,7 @@ class Batch:
     keys: list[str]
     request_key: str
     lease_expire_time: dt.datetime
+    reported_step: int | None = None  # set when the request key's batch was reported already
 
 
 @dataclass(frozen=True)

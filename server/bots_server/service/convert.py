@@ -120,6 +120,7 @@ def batch_to_proto(batch: Batch) -> pb.Batch:
         keys=batch.keys,
         request_key=batch.request_key,
         lease_expire_time=timestamp(batch.lease_expire_time),
+        reported_step=batch.reported_step,
     )
 
 

@@ -246,7 +246,9 @@ def merge_outcomes(parts: Iterable[Mapping[str, Sequence[Any]]]) -> OutcomeMap:
             slot[0] += s
             slot[1] += n
             slot[2] = slot[2] + squares[0] if squares and slot[2] is not None else None
-    return {key: outcome_value((s, n) if squares is None else (s, n, squares)) for key, (s, n, squares) in merged.items()}
+    return {
+        key: outcome_value((s, n) if squares is None else (s, n, squares)) for key, (s, n, squares) in merged.items()
+    }
 
 
 class Curriculum:
@@ -761,9 +763,7 @@ class Curriculum:
             holders = [b for b in self._open.values() if key in b.keys]
             return holders[0] if len(holders) == 1 else None
 
-    def report_batch(
-        self, batch: SelectedBatch | str, outcomes: Mapping[str, OutcomeValue]
-    ) -> ReportResult | None:
+    def report_batch(self, batch: SelectedBatch | str, outcomes: Mapping[str, OutcomeValue]) -> ReportResult | None:
         """Report one batch's outcomes explicitly and close it."""
         results = self.report(outcomes, batch=batch, strict=True)
         return results[0] if results else None
@@ -867,7 +867,9 @@ class Curriculum:
         self.wait()
         with self._lock:
             given_up = [
-                b for b in self._open.values() if b.batch_id in self._failed_reports and b.number < self._reported_through
+                b
+                for b in self._open.values()
+                if b.batch_id in self._failed_reports and b.number < self._reported_through
             ]
             for batch in given_up:
                 # Its report raised, and the run went on to report later
@@ -915,32 +917,34 @@ class Curriculum:
 
         Batches drawn but not reported when the checkpoint was taken (verl
         saves its checkpoint before it calls `update()`; a prefetching loader
-        draws ahead) are drawn again if the server never received their
-        report: it acknowledged fewer reports since the checkpoint than there
-        were such batches. The same request keys give back the same tasks, so
-        each batch is reported exactly once and the server's step follows an
-        uninterrupted run's. Batches reported after the checkpoint (a crash
-        after the report) are not drawn again.
+        draws ahead) are drawn again from the first one the server never got
+        a report of; the server says which, per request key, so reports that
+        arrived out of order (an asynchronous trainer) lose nothing. The same
+        request keys give back the same tasks, so each batch is reported
+        exactly once: a batch drawn again whose report the server has keeps
+        that first report. When all of them were reported (a crash after
+        the last report), none is drawn again.
         """
         self.resume = True  # a checkpoint's state: this run continues the experiment
         pending = sorted(int(n) for n in state.get("pending") or [] if int(n) < next_number)
+        # Batch sizes other than the curriculum's (Trinity's steps), where a state keeps them.
+        sizes = {
+            int(n): int(size) for n, size in zip(state.get("pending") or [], state.get("pending_sizes") or []) if size
+        }
         acknowledged = state.get("acknowledged_step")
-        if acknowledged is None:
-            # A checkpoint that cannot tell (taken before its run knew the
-            # server's step): go on; the step known since setup, if any, stays.
-            return next_number
-        with self._lock:
-            self.acknowledged_step = int(acknowledged)
+        if acknowledged is not None:
+            with self._lock:
+                self.acknowledged_step = int(acknowledged)
         if not pending:
             return next_number
         server_step = self.client.get_experiment(self.experiment).step
-        reported_since = server_step - int(acknowledged)
         # The server's step now: a checkpoint taken before the next report
         # must count from here, not from the old checkpoint's step.
         self.acknowledge(server_step)
-        if reported_since >= len(pending):
+        nothing_since = acknowledged is not None and server_step == int(acknowledged)
+        first = next((n for n in pending if nothing_since or not self._was_reported(n, sizes.get(n))), None)
+        if first is None:
             return next_number
-        first = pending[max(reported_since, 0)]
         log.warning(
             "batch %d was drawn before the checkpoint but the server never got its report; "
             "drawing it again (request key %r: the same tasks) so it is reported once",
@@ -948,6 +952,20 @@ class Curriculum:
             self.request_key(first),
         )
         return first
+
+    def _was_reported(self, number: int, size: int | None) -> bool:
+        """Whether the server has the report of batch `number` of `size`
+        tasks (None: the curriculum's batch size), drawn before the
+        checkpoint. When it cannot say (a server older than the
+        `reported_step` field, a batch drawn with another size), the answer
+        is no: drawing a batch again loses nothing, as its repeated report
+        is skipped."""
+        size = self.batch_size if size is None else size
+        try:
+            batch = self.client.select_batch(self.experiment, size, request_key=self.request_key(number))
+        except FailedPreconditionError as e:
+            return "compacted" in e.message  # reported long ago, its tasks gone; else another size
+        return batch.reported_step is not None
 
     def close(self, batch: SelectedBatch | str) -> None:
         """Forget an open batch without reporting it (its lease expires on the server)."""

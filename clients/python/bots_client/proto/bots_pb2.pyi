@@ -250,18 +250,20 @@ class SelectBatchRequest(_message.Message):
     def __init__(self, experiment: _Optional[str] = ..., batch_size: _Optional[int] = ..., request_key: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_id", "step", "keys", "request_key", "lease_expire_time")
+    __slots__ = ("batch_id", "step", "keys", "request_key", "lease_expire_time", "reported_step")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_STEP_FIELD_NUMBER: _ClassVar[int]
     batch_id: str
     step: int
     keys: _containers.RepeatedScalarFieldContainer[str]
     request_key: str
     lease_expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, batch_id: _Optional[str] = ..., step: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., request_key: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    reported_step: int
+    def __init__(self, batch_id: _Optional[str] = ..., step: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., request_key: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reported_step: _Optional[int] = ...) -> None: ...
 
 class Outcome(_message.Message):
     __slots__ = ("key", "successes", "trials", "sum_squares")
