@@ -725,6 +725,34 @@ def test_a_background_report_failure_surfaces_at_the_next_batch(
     assert sampler.wait() == []  # raised once; nothing left behind
 
 
+def test_a_background_report_failure_under_a_prefetching_loader_loses_no_batch(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    # DataLoader workers draw batches ahead: the loader asks the sampler for
+    # the next batch while it holds the rows of the one the trainer gets
+    # next, and drops those rows when the sampler raises. The report's error
+    # waits for the trainer's next call of the sampler instead.
+    sampler = BotsBatchSampler(client, exp_name, KEYS, batch_size=4, num_batches=4, config=EXACT)
+    loader = DataLoader(KeyedDataset(), batch_sampler=sampler, num_workers=1, prefetch_factor=2)
+    trained, errors = [], []
+    for rows in loader:
+        batch = next(b for b in sampler.curriculum.open_batches if list(b.keys) == rows["key"])
+        trained.append(batch.number)
+        successes = 3.0 if batch.number == 1 else 1.0  # more successes than trials: batch 1's report is refused
+        try:
+            sampler.report(dict.fromkeys(rows["key"], (successes, 2)), batch=batch)
+        except bots_client.InvalidArgumentError as e:
+            errors.append((batch.number, str(e)))
+            if batch.number != 1:  # the error was an earlier report's: this one was not sent
+                sampler.report(dict.fromkeys(rows["key"], (successes, 2)), batch=batch)
+    sampler.wait()
+    assert trained == [0, 1, 2, 3]  # every batch reached the trainer
+    # Batch 1's error was raised by the next report, before anything was sent.
+    assert [(n, "successes = 3.0" in e) for n, e in errors] == [(2, True)]
+    assert [b.number for b in sampler.curriculum.open_batches] == [1, 4]  # 1: to report again; 4: drawn ahead
+    assert client.get_experiment(exp_name).step == 3
+
+
 def test_a_checkpoint_taken_during_the_overlap_records_the_report(
     client: bots_client.Client, exp_name: str
 ) -> None:

@@ -562,6 +562,13 @@ class Curriculum:
         with self._lock:
             return list(self._open.values())
 
+    def awaiting_report(self) -> list[SelectedBatch]:
+        """Batches handed out whose report was not sent yet, oldest first
+        (not those drawn ahead for `select`, nor those whose report failed)."""
+        with self._lock:
+            ahead = self._drawn_ahead()
+            return [b for b in self._open.values() if b.batch_id not in ahead | self._failed_reports]
+
     # -- reporting --------------------------------------------------------------------
 
     def report(
@@ -984,7 +991,7 @@ def _log_failure(future: Future[list[ReportResult]], numbers: Sequence[int]) -> 
     error = future.exception()
     if error is not None:
         log.error(
-            "the report of batch %s, running in the background, failed; the next batch, wait() or checkpoint "
+            "the report of batch %s, running in the background, failed; the next batch, report, wait() or checkpoint "
             "raises it (if training ends first, nothing does: these outcomes are not on the server): %s",
             ", ".join(map(str, numbers)),
             error,

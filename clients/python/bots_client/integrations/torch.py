@@ -206,6 +206,9 @@ class _SamplerBase:
         self.wait_for_report = wait_for_report
         self.overlap = overlap
         self._acknowledgement_due = False  # a collective broadcast owed before the next select
+        # A background report's error caught while the loader drew ahead,
+        # raised by the trainer's next report(), wait() or state_dict().
+        self._deferred_error: Exception | None = None
         if on_report is not None:
             curriculum.add_listener(on_report)
         self.step = 0  # the next batch number to draw
@@ -240,11 +243,30 @@ class _SamplerBase:
         self._checkpoint_step = None
         end = (position // self.num_batches + 1) * self.num_batches
         while self.step < end:
-            self.wait()
+            self._wait_before_drawing()
             batch = self.curriculum.select(self.step)
             self.last_batch = batch
             yield batch, self.local_indices(batch)
-        self.wait()  # the epoch's last report: its failure surfaces here, not later
+        self._wait_before_drawing()  # the epoch's last report: its failure surfaces here, not later
+
+    def _wait_before_drawing(self) -> None:
+        """`wait()` before the loader draws. Its error raises here, unless the
+        loader drew ahead of the trainer (DataLoader workers: batches handed
+        out and not reported): such a loader drops the rows it fetched when
+        its sampler raises, so the error waits for the trainer's next
+        `report()`, `wait()` or `state_dict()`. Every rank decides alike:
+        the batches in flight are the same on each."""
+        try:
+            self.wait()
+        except Exception as error:
+            if not self.curriculum.awaiting_report():
+                raise
+            self._deferred_error = error
+
+    def _raise_deferred_error(self) -> None:
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            raise error
 
     def wait(self) -> list[ReportResult]:
         """Wait for the report running in the background (overlap=True) and
@@ -252,6 +274,7 @@ class _SamplerBase:
         raises its error. Under torch.distributed a collective, like
         `report`: every rank waits until the reporting rank's report is
         acknowledged. Drawing the next batch calls it."""
+        self._raise_deferred_error()
         collective, self._acknowledgement_due = self._acknowledgement_due, False
         return await_background_report(self.curriculum, collective)
 
@@ -294,6 +317,7 @@ class _SamplerBase:
         every rank passes its own tasks' outcomes, they are merged, and only
         the reporting rank calls the server. Returns the server's answers on
         the reporting rank, [] elsewhere."""
+        self._raise_deferred_error()  # an earlier report's, from the loader: this one is not sent
         collective = self.gather if gather is None else gather
         if collective:
             self._need_process_group("report()")
@@ -328,6 +352,7 @@ class _SamplerBase:
     # -- checkpointing ----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        self._raise_deferred_error()
         self.curriculum.wait()  # the checkpoint records the report running in the background
         return {
             "experiment": self.curriculum.experiment,
