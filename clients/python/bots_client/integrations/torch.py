@@ -398,11 +398,10 @@ class _SamplerBase:
         """`Curriculum.resume_number`, the same on every rank. With `gather`
         under torch.distributed, a collective like `report`: every rank
         loads its checkpoint, and the reporting rank's answer, with the
-        acknowledged step it knows, is broadcast to the others. An overlapped
+        acknowledged step it knows, is broadcast to the others, so no rank
+        asks the server after the reporting rank went on (an overlapped
         report is acknowledged to the other ranks only when they draw the
-        next batch, so a checkpoint they took before that holds an older
-        acknowledged step than the reporter's and, resumed on its own, would
-        skip a pending batch that the reporter draws again."""
+        next batch: their checkpoints may hold an older acknowledged step)."""
         resumed = self.curriculum.resume_number(state, step)
         dist = _process_group() if self.gather else None
         if dist is None:
