@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from pathlib import Path
 
 import numpy as np
+import pytest
+import sqlalchemy as sa
 
 import bots_client
 from bots_client import ExperimentConfig, Task
 from bots_server.engine import EngineParams, PosteriorState, apply_outcomes
+from bots_server.store.base import Store
+from bots_server.testing.inprocess import InProcessService
 
 
 def test_out_of_order_reports_apply_in_arrival_order(client: bots_client.Client) -> None:
@@ -46,3 +52,30 @@ def test_partial_report_releases_the_whole_batch(client: bots_client.Client) -> 
     client.report_outcomes(name, batch.batch_id, {batch.keys[0]: (1, 2)})  # one rollout group failed
     assert client.get_experiment(name).open_batches == 0
     assert len(client.select_batch(name, 8, request_key="next").keys) == 8
+
+
+def test_a_trainer_that_never_reports_cannot_grow_the_batches_without_end(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Selects with fresh request keys and a lease of a millisecond, never
+    # reported: the server keeps the newest ones, each still reportable,
+    # and a report of one it deleted is NOT_FOUND, saying why.
+    monkeypatch.setattr(Store, "max_unreported_batches", 5)
+    with InProcessService(f"sqlite:///{tmp_path / 'leaky.db'}") as service:
+        with bots_client.Client("in-process", channel=service.channel()) as client:
+            client.create_experiment("leaky", ExperimentConfig(lease_ttl_seconds=0.001))
+            client.add_tasks("leaky", [Task(f"t{i}") for i in range(4)])
+            drawn = []
+            for i in range(40):
+                drawn.append(client.select_batch("leaky", 4, request_key=f"key-{i}"))
+                time.sleep(0.002)  # the lease expires
+            with pytest.raises(bots_client.NotFoundError, match="deleted after its lease expired once the experiment holds 5 such"):
+                client.report_outcomes("leaky", drawn[0].batch_id, dict.fromkeys(drawn[0].keys, (1, 2)))
+            assert client.get_experiment("leaky").step == 0
+            for batch in drawn[-5:]:  # the newest five are all there, late or not
+                client.report_outcomes("leaky", batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))
+            assert client.get_experiment("leaky").step == 5
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'leaky.db'}")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one() == 5  # of 40 selected
+    engine.dispose()

@@ -422,6 +422,54 @@ def test_a_select_writes_two_rows_and_reads_its_tasks_back_in_order(store: SqlSt
     assert rows is not None and rows.batch is not None and rows.batch.task_idx == tasks
 
 
+def test_batches_never_reported_are_deleted_oldest_expired_first_past_the_bound(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Selects without reports (a trainer that never reports, a lease of a
+    # millisecond) would grow the batches without end: at the bound, a new
+    # batch deletes those whose lease expired longest ago, and nothing else.
+    store.max_unreported_batches = 3
+    experiment = experiment_with_tasks(store, "leaky", 10)
+    other = experiment_with_tasks(store, "other", 10)
+    for i in range(4):
+        store.insert_batch(other, batch(f"o{i}", f"o{i}", 0, [i], expires=NOW), NOW)
+    store.insert_batch(experiment, batch("reported", "r", 0, [9], expires=NOW), NOW)
+    store.commit_report(experiment, 0, event(1, "reported", 10, [9]), NOW)
+    store.insert_batch(experiment, batch("leased", "l", 1, [8]), NOW)  # its lease runs to LATER
+    for i in range(3):
+        store.insert_batch(experiment, batch(f"b{i}", f"k{i}", 1, [i], expires=NOW), NOW)
+    unreported = "SELECT batch_id FROM batches WHERE experiment_id = :e AND reported_step IS NULL ORDER BY batch_id"
+
+    def kept(e: int) -> list[str]:
+        with store.engine.connect() as conn:
+            return list(conn.execute(sa.text(unreported), {"e": e}).scalars())
+
+    assert kept(experiment) == ["b1", "b2", "leased"]  # b2 made 4: the oldest expired one went
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="bots_server.store"):
+        store.insert_batch(experiment, batch("b3", "k3", 1, [3]), NOW)
+    assert kept(experiment) == ["b2", "b3", "leased"]
+    assert "deleted the 1 batches of experiment 'leaky' that were never reported" in caplog.text
+    assert kept(other) == ["o1", "o2", "o3"]  # bounded per experiment: o3 made 4 there
+    rows = store.load(experiment, lookup=Lookup(batch_id="reported"))
+    assert rows is not None and rows.batch is not None and rows.batch.reported_step == 1  # reported ones stay
+    # The deleted ones are gone with their tasks; their request keys are free.
+    with store.engine.connect() as conn:
+        lists = conn.execute(sa.text("SELECT count(*) FROM batch_task_lists WHERE experiment_id = :e"), {"e": experiment})
+        assert lists.scalar_one() == 4
+    store.insert_batch(experiment, batch("again", "k0", 1, [0]), NOW)  # b0's key: a new batch
+    # Leased batches are never deleted: with no expired one, the bound waits.
+    assert kept(experiment) == ["again", "b3", "leased"]
+    store.insert_batch(experiment, batch("b4", "k4", 1, [4]), NOW)
+    assert kept(experiment) == ["again", "b3", "b4", "leased"]
+    # Down to nine tenths of the bound at once, so the next selects need not delete.
+    store.max_unreported_batches = 20
+    third = experiment_with_tasks(store, "third", 10)
+    for i in range(21):
+        store.insert_batch(third, batch(f"t{i:02d}", f"t{i}", 0, [0], expires=NOW + dt.timedelta(seconds=i)), LATER)
+    assert kept(third) == [f"t{i:02d}" for i in range(3, 21)]  # 21 made 18: the three that expired first went
+
+
 def test_report_is_a_compare_and_set_on_the_step(store: SqlStore) -> None:
     experiment = experiment_with_tasks(store, "cas", 2)
     store.insert_batch(experiment, batch("b1", "r1", 0, [0]), NOW)

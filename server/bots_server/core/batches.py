@@ -203,7 +203,11 @@ class Batches:
         if batch is None:  # selected before a restart, on another replica, or reported already
             batch = (await self.runtime.catch_up(live, Lookup(batch_id=batch_id))).batch
             if batch is None:
-                raise NotFound(f"batch {batch_id!r} not found in experiment {live.name!r}")
+                raise NotFound(
+                    f"batch {batch_id!r} not found in experiment {live.name!r} (a batch never reported is deleted "
+                    f"after its lease expired once the experiment holds {self.runtime.store.max_unreported_batches} "
+                    "such batches)"
+                )
         return batch
 
     def _stored(self, live: LiveExperiment, stored: BatchRow) -> None:

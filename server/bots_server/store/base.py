@@ -56,6 +56,13 @@ class Store(abc.ABC):
     """All persistence of the service. See the module docstring for what
     every method shares."""
 
+    # Batches never reported stay reportable after their lease expires, so
+    # selects without reports would grow the batches without end. At this
+    # many per experiment, insert_batch deletes those whose lease expired
+    # longest ago, down to nine tenths of it (0: never). Reports in flight
+    # are far fewer, even in asynchronous runs.
+    max_unreported_batches = 10_000
+
     # -- lifecycle and schema ------------------------------------------------
 
     @property
@@ -304,7 +311,10 @@ class Store(abc.ABC):
         batches the caller believes open at `now`, whose tasks it left out),
         the batches open at `now` are not exactly those -> LeaseConflict;
         without it, a chosen task is in a batch still open at `now` ->
-        LeaseConflict. Otherwise the batch is stored and returned.
+        LeaseConflict. Otherwise the batch is stored and returned, and if the
+        experiment now holds more than `max_unreported_batches` batches never
+        reported, those whose lease expired longest ago are deleted, down
+        to nine tenths of the bound.
         """
 
     @abc.abstractmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from bots_server.store.sql_statements import (
     MARK_REPORTED,
     SELECT_CHECKS,
 )
+
+log = logging.getLogger(__name__)
 
 
 class BatchesSql(SqlBase):
@@ -144,7 +147,39 @@ class BatchesSql(SqlBase):
         if not inserted:
             conn.execute(INSERT_BATCH, values)
             conn.execute(INSERT_BATCH_TASKS, values)
+        bound = self.max_unreported_batches
+        if checks.unreported >= bound > 0:
+            # A tenth more than the excess: the next selects need not delete.
+            self._delete_stale_batches(conn, experiment_id, now, checks.unreported + 1 - bound + bound // 10)
         return None
+
+    def _delete_stale_batches(self, conn: Connection, experiment_id: int, now: dt.datetime, count: int) -> None:
+        """Delete the `count` batches of the experiment that were never
+        reported and whose lease expired longest ago (fewer if fewer are)."""
+        stale = (
+            sa.select(t.batches.c.batch_id)
+            .where(
+                t.batches.c.experiment_id == experiment_id,
+                t.batches.c.reported_step.is_(None),
+                t.batches.c.lease_expire_time <= now,
+            )
+            .order_by(t.batches.c.lease_expire_time, t.batches.c.batch_id)  # ix_batches_open's order
+            .limit(count)
+        )
+        ids = list(conn.execute(stale).scalars())
+        if not ids:
+            return  # all of them leased: as many as the pool has room for
+        for table in (t.batch_task_lists, t.batches):
+            conn.execute(table.delete().where(table.c.experiment_id == experiment_id, table.c.batch_id.in_(ids)))
+        name = conn.execute(sa.select(t.experiments.c.name).where(t.experiments.c.id == experiment_id)).scalar()
+        log.warning(
+            "deleted the %d batches of experiment %r that were never reported and whose leases expired longest "
+            "ago: it holds at most %d batches never reported (a trainer that selects and does not report?); a "
+            "report of one of them is now NOT_FOUND",
+            len(ids),
+            name,
+            self.max_unreported_batches,
+        )
 
     def _commit_report_in(
         self,

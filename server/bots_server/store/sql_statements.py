@@ -25,8 +25,9 @@ _OPEN_NOW = sa.and_(
     t.batches.c.lease_expire_time > sa.bindparam("now"),
 )
 # What insert_batch checks after taking the lock, in one round trip: the
-# batch of the request key, the last pool events, and how many batches are
-# open and how many of those are among the `known` ones.
+# batch of the request key, the last pool events, how many batches are
+# open and how many of those are among the `known` ones, and how many were
+# never reported (expired or not).
 SELECT_CHECKS = sa.select(
     sa.select(t.batches.c.batch_id)
     .where(t.batches.c.experiment_id == _ID, t.batches.c.request_key == sa.bindparam("request_key"))
@@ -39,6 +40,10 @@ SELECT_CHECKS = sa.select(
     .where(_OPEN_NOW, t.batches.c.batch_id.in_(sa.bindparam("known", expanding=True)))
     .scalar_subquery()
     .label("open_known"),
+    sa.select(sa.func.count())
+    .where(t.batches.c.experiment_id == _ID, t.batches.c.reported_step.is_(None))
+    .scalar_subquery()
+    .label("unreported"),
 )
 
 
