@@ -15,6 +15,7 @@ from bots_client import ExperimentConfig, Task
 from bots_server.engine import EngineParams, PosteriorState, apply_outcomes
 from bots_server.store.base import Store
 from bots_server.testing.inprocess import InProcessService
+from tests.support.servers import create_pg_database, drop_pg_database, require_postgres
 
 
 def test_out_of_order_reports_apply_in_arrival_order(client: bots_client.Client) -> None:
@@ -79,3 +80,26 @@ def test_a_trainer_that_never_reports_cannot_grow_the_batches_without_end(
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one() == 5  # of 40 selected
     engine.dispose()
+
+
+def test_a_report_to_another_replica_of_a_batch_deleted_meanwhile_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Replica b still holds the batch it selected; replica a deletes it at
+    # the bound. A late report to b is NOT_FOUND, as on a, not an error.
+    require_postgres()
+    monkeypatch.setattr(Store, "max_unreported_batches", 3)
+    url = create_pg_database("bots_unreported_replicas")
+    try:
+        with InProcessService(url) as a, InProcessService(url) as b:
+            with bots_client.Client("a", channel=a.channel()) as ca, bots_client.Client("b", channel=b.channel()) as cb:
+                ca.create_experiment("leaky", ExperimentConfig(lease_ttl_seconds=0.001))
+                ca.add_tasks("leaky", [Task(f"t{i}") for i in range(4)])
+                held = cb.select_batch("leaky", 4, request_key="on-b")
+                for i in range(3):
+                    time.sleep(0.002)  # the lease expires
+                    ca.select_batch("leaky", 4, request_key=f"on-a-{i}")
+                for client in (cb, ca):
+                    with pytest.raises(bots_client.NotFoundError, match="once the experiment holds 3 such"):
+                        client.report_outcomes("leaky", held.batch_id, dict.fromkeys(held.keys, (1, 2)))
+                assert ca.get_experiment("leaky").step == cb.get_experiment("leaky").step == 0
+    finally:
+        drop_pg_database(url)

@@ -468,6 +468,15 @@ def test_batches_never_reported_are_deleted_oldest_expired_first_past_the_bound(
     for i in range(21):
         store.insert_batch(third, batch(f"t{i:02d}", f"t{i}", 0, [0], expires=NOW + dt.timedelta(seconds=i)), LATER)
     assert kept(third) == [f"t{i:02d}" for i in range(3, 21)]  # 21 made 18: the three that expired first went
+    # A backlog far above the bound (left by a release without it) goes a
+    # tenth of the bound per select: no select deletes for long.
+    store.max_unreported_batches = 0  # never: the backlog builds up
+    backlog = experiment_with_tasks(store, "backlog", 10)
+    for i in range(60):
+        store.insert_batch(backlog, batch(f"x{i:02d}", f"x{i}", 0, [0], expires=NOW), LATER)
+    store.max_unreported_batches = 20
+    store.insert_batch(backlog, batch("y", "y", 0, [1]), LATER)
+    assert len(kept(backlog)) == 61 - 3
 
 
 def test_report_is_a_compare_and_set_on_the_step(store: SqlStore) -> None:

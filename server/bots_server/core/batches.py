@@ -115,9 +115,8 @@ class Batches:
                 except (StaleStep, LeaseConflict):  # another replica reported, leased, added or retired meanwhile
                     await rt.catch_up(live, Lookup(leases_at=rt.clock()))
                     continue
-                except BatchAlreadyReported:  # another replica applied it meanwhile
-                    reported = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
-                    assert reported is not None
+                except BatchAlreadyReported:  # another replica applied (or deleted) it meanwhile
+                    reported = await self._reported_meanwhile(live, batch_id)
                     return await self._repeated(live, reported, outcomes), await self._select(live, batch_size, request_key)
                 except RequestKeyTaken as taken:
                     existing = _same_request(live, taken.existing, batch_size)
@@ -181,9 +180,8 @@ class Batches:
             except StaleStep:  # another replica reported or added tasks meanwhile
                 await rt.catch_up(live)
                 continue
-            except BatchAlreadyReported:  # another replica applied it meanwhile
-                reported = (await rt.catch_up(live, Lookup(batch_id=batch_id))).batch
-                assert reported is not None
+            except BatchAlreadyReported:  # another replica applied (or deleted) it meanwhile
+                reported = await self._reported_meanwhile(live, batch_id)
                 return await self._repeated(live, reported, outcomes)
             self._applied(live, state, event, outcomes)
             self.checkpoints.after_step(live)
@@ -203,12 +201,24 @@ class Batches:
         if batch is None:  # selected before a restart, on another replica, or reported already
             batch = (await self.runtime.catch_up(live, Lookup(batch_id=batch_id))).batch
             if batch is None:
-                raise NotFound(
-                    f"batch {batch_id!r} not found in experiment {live.name!r} (a batch never reported is deleted "
-                    f"after its lease expired once the experiment holds {self.runtime.store.max_unreported_batches} "
-                    "such batches)"
-                )
+                raise self._not_found(live, batch_id)
         return batch
+
+    async def _reported_meanwhile(self, live: LiveExperiment, batch_id: str) -> BatchRow:
+        """The row of a batch the store found reported when this copy held it
+        open: reported by another replica, or, never reported, deleted by
+        one at the bound on such batches."""
+        batch = (await self.runtime.catch_up(live, Lookup(batch_id=batch_id))).batch
+        if batch is None:
+            live.open_batches.pop(batch_id, None)
+            raise self._not_found(live, batch_id)
+        return batch
+
+    def _not_found(self, live: LiveExperiment, batch_id: str) -> NotFound:
+        return NotFound(
+            f"batch {batch_id!r} not found in experiment {live.name!r} (a batch never reported is deleted after its "
+            f"lease expired once the experiment holds {self.runtime.store.max_unreported_batches} such batches)"
+        )
 
     def _stored(self, live: LiveExperiment, stored: BatchRow) -> None:
         """Bookkeeping of a batch just stored."""

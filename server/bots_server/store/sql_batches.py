@@ -149,8 +149,11 @@ class BatchesSql(SqlBase):
             conn.execute(INSERT_BATCH_TASKS, values)
         bound = self.max_unreported_batches
         if checks.unreported >= bound > 0:
-            # A tenth more than the excess: the next selects need not delete.
-            self._delete_stale_batches(conn, experiment_id, now, checks.unreported + 1 - bound + bound // 10)
+            # Down to nine tenths, so that the next selects need not delete;
+            # a backlog above the bound (one left by an older release) goes
+            # a tenth of the bound per select, so no select holds the lock long.
+            excess = checks.unreported + 1 - bound + bound // 10
+            self._delete_stale_batches(conn, experiment_id, now, min(excess, bound // 10 + 1))
         return None
 
     def _delete_stale_batches(self, conn: Connection, experiment_id: int, now: dt.datetime, count: int) -> None:
@@ -166,17 +169,23 @@ class BatchesSql(SqlBase):
             .order_by(t.batches.c.lease_expire_time, t.batches.c.batch_id)  # ix_batches_open's order
             .limit(count)
         )
-        ids = list(conn.execute(stale).scalars())
-        if not ids:
+        # The task lists first: the subquery, run again, then finds the same batches.
+        conn.execute(
+            t.batch_task_lists.delete().where(
+                t.batch_task_lists.c.experiment_id == experiment_id, t.batch_task_lists.c.batch_id.in_(stale)
+            )
+        )
+        deleted = conn.execute(
+            t.batches.delete().where(t.batches.c.experiment_id == experiment_id, t.batches.c.batch_id.in_(stale))
+        ).rowcount
+        if not deleted:
             return  # all of them leased: as many as the pool has room for
-        for table in (t.batch_task_lists, t.batches):
-            conn.execute(table.delete().where(table.c.experiment_id == experiment_id, table.c.batch_id.in_(ids)))
         name = conn.execute(sa.select(t.experiments.c.name).where(t.experiments.c.id == experiment_id)).scalar()
         log.warning(
             "deleted the %d batches of experiment %r that were never reported and whose leases expired longest "
             "ago: it holds at most %d batches never reported (a trainer that selects and does not report?); a "
             "report of one of them is now NOT_FOUND",
-            len(ids),
+            deleted,
             name,
             self.max_unreported_batches,
         )

@@ -965,8 +965,8 @@ class Curriculum:
         tasks (None: the curriculum's batch size), drawn before the
         checkpoint. When it cannot say (a server older than the
         `reported_step` field, a batch drawn with another size), the answer
-        is no: drawing a batch again loses nothing, as its repeated report
-        is skipped."""
+        is no: the batch is drawn and trained again, and no report is lost,
+        as its repeated report is skipped."""
         size = self.batch_size if size is None else size
         try:
             batch = self.client.select_batch(self.experiment, size, request_key=self.request_key(number))
