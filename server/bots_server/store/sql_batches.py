@@ -149,11 +149,10 @@ class BatchesSql(SqlBase):
             conn.execute(INSERT_BATCH_TASKS, values)
         bound = self.max_unreported_batches
         if checks.unreported >= bound > 0:
-            # Down to nine tenths, so that the next selects need not delete;
-            # a backlog above the bound (one left by an older release) goes
-            # a tenth of the bound per select, so no select holds the lock long.
-            excess = checks.unreported + 1 - bound + bound // 10
-            self._delete_stale_batches(conn, experiment_id, now, min(excess, bound // 10 + 1))
+            # With the new batch, down to nine tenths: the next selects need
+            # not delete. A backlog above the bound (left by an older
+            # release) goes as fast, so no select holds the lock long.
+            self._delete_stale_batches(conn, experiment_id, now, bound // 10 + 1)
         return None
 
     def _delete_stale_batches(self, conn: Connection, experiment_id: int, now: dt.datetime, count: int) -> None:

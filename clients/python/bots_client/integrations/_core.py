@@ -566,8 +566,8 @@ class Curriculum:
         """Batches handed out whose report was not sent yet, oldest first
         (not those drawn ahead for `select`, nor those whose report failed)."""
         with self._lock:
-            ahead = self._drawn_ahead()
-            return [b for b in self._open.values() if b.batch_id not in ahead | self._failed_reports]
+            skipped = self._drawn_ahead() | self._failed_reports
+            return [b for b in self._open.values() if b.batch_id not in skipped]
 
     # -- reporting --------------------------------------------------------------------
 
