@@ -27,6 +27,8 @@ def encode_state(state: PosteriorState) -> memoryview:
     scalars: dict[str, Any] = {}
     for field in dataclasses.fields(state):
         value = getattr(state, field.name)
+        if value is None:
+            continue  # an optional array the experiment does not have: read back at its starting value
         if isinstance(value, np.ndarray):
             arrays[field.name] = value
         else:

@@ -33,25 +33,39 @@ class PosteriorState:
     # events reproduces it; checkpoints carry it like every field here
     # (core/checkpoint_state.py writes every field, whatever it is).
     rho_halvings: int = 0
+    # Per-task embedding vectors, float32 of shape (num_tasks, dim), or None
+    # when the experiment has none. Pool data, not posterior: updates carry
+    # the same array along.
+    embeddings: np.ndarray | None = None
 
     @property
     def num_tasks(self) -> int:
         return int(self.alpha.shape[0])
 
     @classmethod
-    def from_prior(cls, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
+    def from_prior(
+        cls, params: EngineParams, weak: np.ndarray, strong: np.ndarray, embeddings: np.ndarray | None = None
+    ) -> PosteriorState:
         alpha, beta = starting_posterior(params, weak, strong)
-        return cls(alpha, beta, weak, strong)
+        return cls(alpha, beta, weak, strong, embeddings=embeddings)
 
-    def extended(self, params: EngineParams, weak: np.ndarray, strong: np.ndarray) -> PosteriorState:
-        """This state with new tasks appended at their starting posterior."""
+    def extended(
+        self, params: EngineParams, weak: np.ndarray, strong: np.ndarray, embeddings: np.ndarray | None = None
+    ) -> PosteriorState:
+        """This state with new tasks appended at their starting posterior
+        (and their embeddings, when the experiment has them)."""
         alpha, beta = starting_posterior(params, weak, strong)
+        if self.embeddings is not None and embeddings is not None:
+            embeddings = np.concatenate([self.embeddings, embeddings])
+        elif self.num_tasks > 0:
+            embeddings = self.embeddings  # the dimension is the experiment's, fixed by its first tasks
         return dataclasses.replace(
             self,
             alpha=np.concatenate([self.alpha, alpha]),
             beta=np.concatenate([self.beta, beta]),
             weak=np.concatenate([self.weak, weak]),
             strong=np.concatenate([self.strong, strong]),
+            embeddings=embeddings,
         )
 
 
