@@ -63,6 +63,8 @@ class ExperimentConfig:
     random_stream: int = 2
     keep_successes: float = 0.0
     adaptive_shares: float = 0.0
+    # The length of every task's embedding (Task.embedding); 0: no task has one.
+    embedding_dim: int = 0
 
 
 @dataclass(frozen=True)

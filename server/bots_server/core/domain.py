@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bots_server.core.limits import MAX_LEASE_TTL_SECONDS, MAX_SEED
+from bots_server.core.limits import MAX_EMBEDDING_DIM, MAX_LEASE_TTL_SECONDS, MAX_SEED
 from bots_server.engine import EngineParams, Setting, settings
 from bots_server.engine.params import setting
 
@@ -28,6 +28,12 @@ class ExperimentConfig(EngineParams):
     seed: int = setting(0, "seeds the selection RNG together with the step and request key", low=0, high=MAX_SEED)
     lease_ttl_seconds: float = setting(
         3600.0, "how long a selected batch holds its tasks", low=0.0, low_open=True, high=MAX_LEASE_TTL_SECONDS
+    )
+    embedding_dim: int = setting(
+        0,
+        "length of every task's embedding, fixed for the experiment's life (0: tasks have none; docs/embeddings.md)",
+        low=0,
+        high=MAX_EMBEDDING_DIM,
     )
 
     @property

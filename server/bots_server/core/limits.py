@@ -41,6 +41,8 @@ MAX_PAGE_SIZE = 1000
 
 # Size of one task.
 MAX_FEATURES_PER_TASK = 64
+# Values in one task's embedding (float32 each: 16 KiB at the most).
+MAX_EMBEDDING_DIM = 4096
 
 # How much of a bad value an error message shows.
 SHOWN_CHARACTERS = 64

@@ -38,7 +38,7 @@ SELECTION_MODE_SOFTMAX_MEAN: SelectionMode
 SELECTION_MODE_EXPECTED: SelectionMode
 
 class ExperimentConfig(_message.Message):
-    __slots__ = ("strategy", "target_success", "forgetting", "implicit_weight", "rollouts_per_task", "selection_mode", "temperature", "weak_feature", "strong_feature", "prior_alpha", "prior_beta", "seed", "lease_ttl_seconds", "capability_ema", "candidate_ratio", "warm_start_scale", "warm_start_position", "adaptive_rho_error", "track_prediction", "implicit_reliability", "random_stream", "keep_successes", "adaptive_shares")
+    __slots__ = ("strategy", "target_success", "forgetting", "implicit_weight", "rollouts_per_task", "selection_mode", "temperature", "weak_feature", "strong_feature", "prior_alpha", "prior_beta", "seed", "lease_ttl_seconds", "capability_ema", "candidate_ratio", "warm_start_scale", "warm_start_position", "adaptive_rho_error", "track_prediction", "implicit_reliability", "random_stream", "keep_successes", "adaptive_shares", "embedding_dim")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     TARGET_SUCCESS_FIELD_NUMBER: _ClassVar[int]
     FORGETTING_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class ExperimentConfig(_message.Message):
     RANDOM_STREAM_FIELD_NUMBER: _ClassVar[int]
     KEEP_SUCCESSES_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_SHARES_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIM_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     target_success: float
     forgetting: float
@@ -85,7 +86,8 @@ class ExperimentConfig(_message.Message):
     random_stream: int
     keep_successes: float
     adaptive_shares: float
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., target_success: _Optional[float] = ..., forgetting: _Optional[float] = ..., implicit_weight: _Optional[float] = ..., rollouts_per_task: _Optional[int] = ..., selection_mode: _Optional[_Union[SelectionMode, str]] = ..., temperature: _Optional[float] = ..., weak_feature: _Optional[str] = ..., strong_feature: _Optional[str] = ..., prior_alpha: _Optional[float] = ..., prior_beta: _Optional[float] = ..., seed: _Optional[int] = ..., lease_ttl_seconds: _Optional[float] = ..., capability_ema: _Optional[float] = ..., candidate_ratio: _Optional[float] = ..., warm_start_scale: _Optional[float] = ..., warm_start_position: _Optional[float] = ..., adaptive_rho_error: _Optional[float] = ..., track_prediction: _Optional[float] = ..., implicit_reliability: _Optional[float] = ..., random_stream: _Optional[int] = ..., keep_successes: _Optional[float] = ..., adaptive_shares: _Optional[float] = ...) -> None: ...
+    embedding_dim: int
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., target_success: _Optional[float] = ..., forgetting: _Optional[float] = ..., implicit_weight: _Optional[float] = ..., rollouts_per_task: _Optional[int] = ..., selection_mode: _Optional[_Union[SelectionMode, str]] = ..., temperature: _Optional[float] = ..., weak_feature: _Optional[str] = ..., strong_feature: _Optional[str] = ..., prior_alpha: _Optional[float] = ..., prior_beta: _Optional[float] = ..., seed: _Optional[int] = ..., lease_ttl_seconds: _Optional[float] = ..., capability_ema: _Optional[float] = ..., candidate_ratio: _Optional[float] = ..., warm_start_scale: _Optional[float] = ..., warm_start_position: _Optional[float] = ..., adaptive_rho_error: _Optional[float] = ..., track_prediction: _Optional[float] = ..., implicit_reliability: _Optional[float] = ..., random_stream: _Optional[int] = ..., keep_successes: _Optional[float] = ..., adaptive_shares: _Optional[float] = ..., embedding_dim: _Optional[int] = ...) -> None: ...
 
 class Experiment(_message.Message):
     __slots__ = ("name", "config", "step", "num_tasks", "open_batches", "capability", "create_time", "forked_from", "forked_at_step")
@@ -160,7 +162,7 @@ class ForkExperimentRequest(_message.Message):
     def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ...) -> None: ...
 
 class RestoreExperimentRequest(_message.Message):
-    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired", "groups", "shares", "rho_halvings")
+    __slots__ = ("name", "config", "step", "capability", "source", "keys", "alpha", "beta", "features", "total_tasks", "retired", "groups", "shares", "rho_halvings", "embeddings")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +177,7 @@ class RestoreExperimentRequest(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     RHO_HALVINGS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: ExperimentConfig
     step: int
@@ -189,7 +192,8 @@ class RestoreExperimentRequest(_message.Message):
     groups: _containers.RepeatedScalarFieldContainer[str]
     shares: _containers.RepeatedCompositeFieldContainer[GroupShare]
     rho_halvings: int
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ..., rho_halvings: _Optional[int] = ...) -> None: ...
+    embeddings: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[ExperimentConfig, _Mapping]] = ..., step: _Optional[int] = ..., capability: _Optional[float] = ..., source: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., total_tasks: _Optional[int] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ..., rho_halvings: _Optional[int] = ..., embeddings: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("values",)
@@ -205,7 +209,7 @@ class Features(_message.Message):
     def __init__(self, values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("key", "features", "group")
+    __slots__ = ("key", "features", "group", "embedding")
     class FeaturesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,10 +220,12 @@ class Task(_message.Message):
     KEY_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     key: str
     features: _containers.ScalarMap[str, float]
     group: str
-    def __init__(self, key: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ..., group: _Optional[str] = ...) -> None: ...
+    embedding: bytes
+    def __init__(self, key: _Optional[str] = ..., features: _Optional[_Mapping[str, float]] = ..., group: _Optional[str] = ..., embedding: _Optional[bytes] = ...) -> None: ...
 
 class AddTasksRequest(_message.Message):
     __slots__ = ("experiment", "tasks", "total_tasks")
@@ -328,7 +334,7 @@ class SnapshotRequest(_message.Message):
     def __init__(self, experiment: _Optional[str] = ..., include_features: _Optional[bool] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired", "groups", "shares", "rho_halvings")
+    __slots__ = ("experiment", "keys", "alpha", "beta", "features", "retired", "groups", "shares", "rho_halvings", "embeddings")
     EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +344,7 @@ class SnapshotChunk(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     RHO_HALVINGS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     experiment: Experiment
     keys: _containers.RepeatedScalarFieldContainer[str]
     alpha: _containers.RepeatedScalarFieldContainer[float]
@@ -347,7 +354,8 @@ class SnapshotChunk(_message.Message):
     groups: _containers.RepeatedScalarFieldContainer[str]
     shares: _containers.RepeatedCompositeFieldContainer[GroupShare]
     rho_halvings: int
-    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ..., rho_halvings: _Optional[int] = ...) -> None: ...
+    embeddings: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., alpha: _Optional[_Iterable[float]] = ..., beta: _Optional[_Iterable[float]] = ..., features: _Optional[_Iterable[_Union[Features, _Mapping]]] = ..., retired: _Optional[_Iterable[bool]] = ..., groups: _Optional[_Iterable[str]] = ..., shares: _Optional[_Iterable[_Union[GroupShare, _Mapping]]] = ..., rho_halvings: _Optional[int] = ..., embeddings: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class RetireTasksRequest(_message.Message):
     __slots__ = ("experiment", "keys")
