@@ -65,6 +65,9 @@ class ExperimentConfig:
     adaptive_shares: float = 0.0
     # The length of every task's embedding (Task.embedding); 0: no task has one.
     embedding_dim: int = 0
+    # Cross-task prediction from the embeddings: at most this many pseudo-rollouts
+    # at each task's predicted pass rate, times a calibrated trust (0: off).
+    embedding_weight: float = 0.0
 
 
 @dataclass(frozen=True)

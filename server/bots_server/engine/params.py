@@ -160,6 +160,18 @@ class EngineParams:
         high=1_000.0,
     )
 
+    # The trust it is scaled by lives in PosteriorState.embedding_trust, so
+    # replays reproduce it and checkpoints carry it.
+    embedding_weight: float = setting(
+        0.0,
+        "cross-task prediction (engine/crosstask.py): a ridge regression of the posteriors on the task "
+        "embeddings predicts every task's pass rate, visited or not, and at most this many pseudo-rollouts at "
+        "that rate join each task's posterior, times a trust calibrated on every batch before it updates the "
+        "posteriors (embeddings that predict nothing get none); needs embeddings (0: off)",
+        low=0.0,
+        high=1_000_000.0,
+    )
+
     @classmethod
     def of(cls, config: Any) -> EngineParams:
         """The engine's parameters from any config with the same field names
