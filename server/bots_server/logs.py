@@ -321,3 +321,18 @@ def configure(
     # Alembic announces each of its built-in plugins at INFO on every start
     # (seven lines of noise); its "Running upgrade ..." lines stay.
     logging.getLogger("alembic.runtime.plugins").setLevel(quiet)
+    migration = logging.getLogger("alembic.runtime.migration")
+    if not any(isinstance(f, AlembicInternalsFilter) for f in migration.filters):
+        migration.addFilter(AlembicInternalsFilter())
+
+
+class AlembicInternalsFilter(logging.Filter):
+    """Drops the lines Alembic logs at INFO each time it looks at a database
+    ("Context impl SQLiteImpl.", "Will assume non-transactional DDL."): two
+    to three pairs a start, about its internals. What it changes ("Running
+    upgrade 0001 -> 0002, ...") and anything at WARNING or above stay."""
+
+    INTERNALS = ("Context impl ", "Will assume ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not str(record.msg).startswith(self.INTERNALS)

@@ -30,7 +30,7 @@ SHUTDOWN_AFTER_GRACE_SECONDS = 25.0
 
 SETTINGS = (
     Setting(
-        "--db", "BOTS_DB", "sqlite:///bots.db", "database URL: sqlite:///FILE or postgresql+psycopg://USER@HOST/DB"
+        "--db", "BOTS_DB", "sqlite:///bots.db", "database URL: sqlite:///FILE or postgresql://USER@HOST/DB"
     ),
     Setting("--listen", "BOTS_LISTEN", "127.0.0.1:50051", "gRPC address to listen on"),
     # 9464, not Prometheus's own 9090: a Prometheus on the same host (or a

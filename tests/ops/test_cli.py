@@ -168,6 +168,26 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(database: str, tmp_path: Pat
         result = serve("--db", url, "--listen", address, "--processes", processes)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [f"bots-server: cannot listen on {address}: Address already in use"]
+    assert list(tmp_path.iterdir()) == []  # the start created no database file (nor left an empty one)
+
+
+def test_a_refused_listen_keeps_an_existing_database(tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    migrated = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "migrate", "--db", f"sqlite:///{path}"], capture_output=True, timeout=120
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    before = path.read_bytes()
+    empty = tmp_path / "empty.db"
+    empty.touch()  # an empty file is an empty SQLite database: the operator's, kept
+    for database in (path, empty):
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            result = serve("--db", f"sqlite:///{database}", "--listen", f"127.0.0.1:{held.getsockname()[1]}")
+        assert result.returncode == 1 and "cannot listen" in result.stderr, result.stderr
+    assert path.read_bytes() == before
+    assert empty.exists() and empty.stat().st_size == 0
 
 
 def test_export_into_head_stops_quietly(sqlite_server: ServerProcess) -> None:

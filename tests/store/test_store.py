@@ -105,12 +105,27 @@ def test_display_url_hides_the_password() -> None:
 
 
 @pytest.mark.parametrize(
-    "url",
-    ["mysql+pymysql://u@localhost/db", "postgresql://u@localhost/db", "postgresql+asyncpg://u@localhost/db"],
+    "url", ["mysql+pymysql://u@localhost/db", "postgresql+asyncpg://u@localhost/db", "postgresql+psycopg2://u@h/db"]
 )
 def test_open_store_rejects_unsupported_databases(url: str) -> None:
-    with pytest.raises(UnsupportedDatabase, match=r"unsupported database URL scheme .*postgresql\+psycopg://"):
+    with pytest.raises(UnsupportedDatabase, match=r"unsupported database URL scheme .*postgresql://"):
         open_store(url)
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+psycopg"])
+def test_open_store_takes_postgresql_urls_without_a_driver(scheme: str, pg_url: str) -> None:
+    # postgresql:// and postgres:// (what psql, libpq and most tools take)
+    # mean PostgreSQL through psycopg 3: a real round trip on the test server.
+    url = sa.make_url(pg_url).set(drivername=scheme).render_as_string(hide_password=False)
+    assert url.startswith(f"{scheme}://")
+    store = open_store(url)
+    try:
+        assert type(store) is PostgresStore
+        assert store.display_url.startswith("postgresql+psycopg://")
+        store.ping()
+        assert store.schema_status().heads  # a query answered by the server
+    finally:
+        store.close()
 
 
 def test_open_store_rejects_what_is_not_a_url_without_echoing_it() -> None:

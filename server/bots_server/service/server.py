@@ -129,6 +129,14 @@ class BotsServer:
         )
         self.credentials_file, credentials = _credentials(settings)
         self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)
+        try:
+            self._build(settings, credentials, siblings)
+        except BaseException:
+            # Its address taken, a bad TLS file: a start that fails leaves no database file behind.
+            self.store.close_unused()
+            raise
+
+    def _build(self, settings: ServerSettings, credentials: Callable[[], Credentials] | None, siblings: int) -> None:
         tenants = len(credentials().tenants) if credentials is not None else 0
         if tenants > 1 and settings.db.startswith("sqlite"):
             log.warning(

@@ -36,7 +36,9 @@ from bots_server.store.records import (
     TenantUsage,
 )
 
-_EXPECTED = "expected sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
+_EXPECTED = "expected sqlite:///FILE or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+# The schemes of PostgreSQL without a driver (postgres:// as libpq also reads it).
+_POSTGRESQL_SCHEMES = ("postgresql", "postgres")
 
 
 def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], None] | None = None) -> Store:
@@ -50,10 +52,14 @@ def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], N
     Raises UnsupportedDatabase for any other scheme or driver.
     """
     try:
-        drivername = make_url(url).drivername
+        parsed = make_url(url)
     except exc.ArgumentError:
         # Not echoed: the text may hold a password.
         raise UnsupportedDatabase(f"cannot parse the database URL; {_EXPECTED}") from None
+    if parsed.drivername in _POSTGRESQL_SCHEMES:
+        # What libpq, psql and most tools take: the driver here is psycopg 3.
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    drivername = parsed.drivername
     # Each dialect is imported when used: a SQLite server does not load
     # psycopg and libpq (about 10 MB of resident memory).
     if drivername in ("sqlite", "sqlite+pysqlite"):
@@ -63,7 +69,7 @@ def open_store(url: str, *, exclusive: bool = False, on_error: Callable[[str], N
     if drivername == "postgresql+psycopg":  # the dialect's COPY and error handling are psycopg 3's
         from bots_server.store.postgresql import PostgresStore
 
-        return PostgresStore(url, on_error=on_error)
+        return PostgresStore(parsed, on_error=on_error)
     raise UnsupportedDatabase(f"unsupported database URL scheme {drivername!r}; {_EXPECTED}")
 
 

@@ -103,6 +103,12 @@ class Store(abc.ABC):
         """Release connections and any lock the store holds (the SQLite file
         lock of an exclusive store). The store is not used afterwards."""
 
+    def close_unused(self) -> None:
+        """close(), for a server whose start failed before it used the
+        database (its address taken): a database file that opening this store
+        created, still empty, is removed, so a failed start leaves nothing."""
+        self.close()
+
     # -- experiments ----------------------------------------------------------
 
     @abc.abstractmethod

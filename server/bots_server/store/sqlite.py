@@ -3,6 +3,7 @@ per file."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pathlib
@@ -43,8 +44,9 @@ class SqliteStore(SqlStore):
         parsed = sa.make_url(url)
         self._file = pathlib.Path(parsed.database) if parsed.database not in (None, "", ":memory:") else None
         self._lock_fd: int | None = None
+        self._created = False  # this store created the (empty) file
         if exclusive and self._file is not None:
-            self._lock_fd = _lock_database_file(str(self._file))
+            self._lock_fd, self._created = _lock_database_file(str(self._file))
         # SQLite has one writer at a time; queueing this process's writers on
         # a lock is fairer and faster than SQLite's sleeping busy handler.
         self._writer = threading.Lock()
@@ -57,6 +59,14 @@ class SqliteStore(SqlStore):
             # POSIX locks on it, SQLite's own included.
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+
+    def close_unused(self) -> None:
+        # Unlinked while still locked: no other server can have opened it meanwhile.
+        if self._created and self._file is not None and self._lock_fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(self._lock_fd).st_size == 0:
+                    self._file.unlink()
+        self.close()
 
     def schema_status(self) -> SchemaStatus:
         # Connecting would create a missing file: a check changes nothing.
@@ -162,13 +172,17 @@ def _create_engine(url: URL, busy_timeout_ms: int) -> Engine:
     return engine
 
 
-def _lock_database_file(database: str) -> int:
+def _lock_database_file(database: str) -> tuple[int, bool]:
     """An exclusive flock on the database file, created empty if missing (an
     empty file is an empty SQLite database). flock locks belong to the file
     (its inode), not to the path, and are independent of SQLite's own POSIX
-    locks. Returns the descriptor to keep open."""
+    locks. Returns the descriptor to keep open, and whether this call
+    created the file."""
     path = pathlib.Path(database).resolve()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        fd, created = os.open(path, os.O_RDWR | os.O_CREAT, 0o644), False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -178,7 +192,7 @@ def _lock_database_file(database: str) -> int:
             f"SQLite database {path} is in use by another bots-server (pid {holder}); "
             "SQLite allows one server per file: stop the other one, or use PostgreSQL for several replicas"
         ) from None
-    return fd
+    return fd, created
 
 
 def _flock_holder(stat: os.stat_result) -> str:
