@@ -37,6 +37,17 @@ class PosteriorState:
     # when the experiment has none. Pool data, not posterior: updates carry
     # the same array along.
     embeddings: np.ndarray | None = None
+    # Cross-task prediction (engine/crosstask.py, embedding_weight > 0):
+    # alpha/beta above are the posteriors selection reads, each task's own
+    # posterior plus the prediction's pseudo-rollouts; own_alpha/own_beta are
+    # its own posterior alone (what the strategy's update evolves and the
+    # regression learns from), `predicted` the pass rate predicted for every
+    # task (NaN: none yet), `embedding_trust` the share of embedding_weight
+    # the calibration grants. None / 0 while the prediction is off.
+    own_alpha: np.ndarray | None = None
+    own_beta: np.ndarray | None = None
+    predicted: np.ndarray | None = None
+    embedding_trust: float = 0.0
 
     @property
     def num_tasks(self) -> int:
@@ -55,6 +66,7 @@ class PosteriorState:
         """This state with new tasks appended at their starting posterior
         (and their embeddings, when the experiment has them)."""
         alpha, beta = starting_posterior(params, weak, strong)
+        n = alpha.shape[0]
         if self.embeddings is not None and embeddings is not None:
             embeddings = np.concatenate([self.embeddings, embeddings])
         elif self.num_tasks > 0:
@@ -66,6 +78,9 @@ class PosteriorState:
             weak=np.concatenate([self.weak, weak]),
             strong=np.concatenate([self.strong, strong]),
             embeddings=embeddings,
+            own_alpha=None if self.own_alpha is None else np.concatenate([self.own_alpha, alpha]),
+            own_beta=None if self.own_beta is None else np.concatenate([self.own_beta, beta]),
+            predicted=None if self.predicted is None else np.concatenate([self.predicted, np.full(n, np.nan)]),
         )
 
 

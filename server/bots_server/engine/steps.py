@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
-from bots_server.engine import strategies
+from bots_server.engine import crosstask, strategies
 from bots_server.engine.params import EngineParams
 from bots_server.engine.quotas import GroupQuotas, select_with_quotas
 from bots_server.engine.scoring import top_k
@@ -83,22 +84,55 @@ def apply_outcomes(
     `pool_size` tasks take part (replay of a step from before tasks were added);
     the rest are carried over unchanged.
     """
-    update = strategies.get(params.strategy).update
     n = state.num_tasks if pool_size is None else pool_size
     if n >= state.num_tasks:
-        return update(params, state, tasks, successes, trials)
-    head = dataclasses.replace(
-        state, alpha=state.alpha[:n], beta=state.beta[:n], weak=state.weak[:n], strong=state.strong[:n]
-    )
-    result = update(params, head, tasks, successes, trials)
+        return _update(params, state, tasks, successes, trials)
+    heads: dict[str, Any] = {name: _head(getattr(state, name), n) for name in (*_PER_TASK, *_POOL)}
+    result = _update(params, dataclasses.replace(state, **heads), tasks, successes, trials)
     new = result.state
-    return UpdateResult(
-        dataclasses.replace(
-            new,
-            alpha=np.concatenate([new.alpha, state.alpha[n:]]),
-            beta=np.concatenate([new.beta, state.beta[n:]]),
-            weak=state.weak,
-            strong=state.strong,
-        ),
-        result.capability_estimate,
-    )
+    joined: dict[str, Any] = {name: _joined(getattr(new, name), _rest(state, name), n) for name in _PER_TASK}
+    pool: dict[str, Any] = {name: getattr(state, name) for name in _POOL}
+    return UpdateResult(dataclasses.replace(new, **joined, **pool), result.capability_estimate)
+
+
+# The state's arrays with one entry per task that an update changes, and
+# those it only reads (the pool's data).
+_PER_TASK = ("alpha", "beta", "own_alpha", "own_beta", "predicted")
+_POOL = ("weak", "strong", "embeddings")
+
+
+def _update(
+    params: EngineParams, state: PosteriorState, tasks: np.ndarray, successes: np.ndarray, trials: np.ndarray
+) -> UpdateResult:
+    """The strategy's update; with the cross-task prediction on, of the own
+    posteriors, with the trust calibrated on this batch first and the
+    prediction added after (engine/crosstask.py)."""
+    update = strategies.get(params.strategy).update
+    if not crosstask.active(params, state):
+        return update(params, state, tasks, successes, trials)
+    trust = crosstask.calibrated_trust(params, state, tasks, successes, trials)
+    result = update(params, crosstask.own_state(state), tasks, successes, trials)
+    return UpdateResult(crosstask.fused(params, result.state, trust), result.capability_estimate)
+
+
+def _head(values: np.ndarray | None, n: int) -> np.ndarray | None:
+    return None if values is None else values[:n]
+
+
+def _rest(state: PosteriorState, name: str) -> np.ndarray:
+    """A per-task array of `state` as the tasks after the updated ones keep
+    it; where the state has none yet, what it stands for: the own posteriors
+    are the posteriors, and there is no prediction."""
+    values = getattr(state, name)
+    if values is not None:
+        return np.asarray(values)
+    if name == "predicted":
+        return np.full(state.num_tasks, np.nan)
+    return state.alpha if name == "own_alpha" else state.beta
+
+
+def _joined(head: np.ndarray | None, whole: np.ndarray, n: int) -> np.ndarray | None:
+    """The updated first n entries followed by the rest as they were."""
+    if head is None:
+        return None
+    return np.concatenate([head, whole[n:]])

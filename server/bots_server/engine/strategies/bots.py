@@ -4,6 +4,7 @@ every task, and every task forgets toward the prior each step."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -40,13 +41,16 @@ _MIN_VARIANCE = 1e-4
 def update(
     params: EngineParams, state: PosteriorState, tasks: np.ndarray, successes: np.ndarray, trials: np.ndarray
 ) -> UpdateResult:
-    """alpha_i' = (1 - lam_a) alpha_i + lam_a a0 + (1 - rho_i) e_i + rho_i m q_i
+    """alpha_i' = (1 - lam_a) alpha_i + lam_a a0 + (1 - rho_i) e_i + rho_i m_i q_i
     (beta alike with lam, failures and 1 - q_i; lam_a = lam (1 - keep_successes)
     for a task without both features, else lam, and lam itself by default):
-    e_i the explicit evidence
-    m r_i of a reported task (0 elsewhere), q_i the plug-in's prediction
-    (the observed rate r_i for a reported task), rho_i = rho where there is a
-    prediction, else 0.
+    m_i the trials n_i of a reported task (a report weighs what it holds),
+    rollouts_per_task m for every other task (the weight of a prediction);
+    e_i the explicit evidence n_i r_i of a reported task (0 elsewhere), q_i
+    the plug-in's prediction (the observed rate r_i for a reported task),
+    rho_i = rho where there is a prediction, else 0. A reported task thus
+    gains its own successes and failures, whatever rho, as in MoPPS; with
+    n_i = m these are the reference's r_i m, to the bit.
 
     Computed as the formula's terms that are not zero, element by element in
     the same order, so the floats are those of evaluating the whole formula
@@ -92,16 +96,18 @@ def update(
     alpha[tasks] = (
         (1 - lam_alpha) * previous_alpha
         + lam_alpha * params.prior_alpha
-        + (1 - reported_rho) * (rate * m)
-        + reported_rho * m * reported_prediction
+        + (1 - reported_rho) * (rate * trials)
+        + reported_rho * trials * reported_prediction
     )
     beta[tasks] = (
         (1 - lam) * previous_beta
         + lam * params.prior_beta
-        + (1 - reported_rho) * ((1 - rate) * m)
-        + reported_rho * m * (1 - reported_prediction)
+        + (1 - reported_rho) * ((1 - rate) * trials)
+        + reported_rho * trials * (1 - reported_prediction)
     )
-    return UpdateResult(PosteriorState(alpha, beta, state.weak, state.strong, capability, halvings), c_hat)
+    return UpdateResult(
+        dataclasses.replace(state, alpha=alpha, beta=beta, capability=capability, rho_halvings=halvings), c_hat
+    )
 
 
 # Tasks per block of the pool-wide passes: small enough that a block's

@@ -3,6 +3,7 @@ raw counts as explicit evidence only, and only the reported tasks decay."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ def update(
     beta = state.beta.copy()
     alpha[tasks] = (1 - lam) * alpha[tasks] + lam * params.prior_alpha + successes
     beta[tasks] = (1 - lam) * beta[tasks] + lam * params.prior_beta + (trials - successes)
-    return UpdateResult(PosteriorState(alpha, beta, state.weak, state.strong, state.capability), math.nan)
+    return UpdateResult(dataclasses.replace(state, alpha=alpha, beta=beta), math.nan)
 
 
 STRATEGY = Strategy(
