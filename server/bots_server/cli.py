@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import faulthandler
 import json
+import logging
 import os
 import signal
 import stat
@@ -189,13 +190,25 @@ def _compact(args: argparse.Namespace) -> int:
 
 def _connect(args: argparse.Namespace) -> bots_client.Client:
     """A client of the server the ops command names, with its TLS and token."""
+    # The client's "not reachable, retrying" warning is for a trainer's long
+    # retries; here the one line that ends a short retry says it (main).
+    logging.getLogger("bots_client").setLevel(logging.ERROR)
     connection = bots_client.Connection(
         args.server, tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=args.token
     )
     return connection.client(timeout=DEFAULT_CALL_SECONDS, retry_timeout=args.retry_seconds)
 
 
+# What every command that calls a running server reads, shown in its --help.
+CONNECTION_ENV = (
+    "environment: BOTS_SERVER (the server, host:port; default 127.0.0.1:50051), BOTS_TOKEN (the bearer token, "
+    "read from the environment only: flags show up in ps), BOTS_RETRY_SECONDS, BOTS_TLS, BOTS_TLS_CA, "
+    "BOTS_CLIENT_CERT, BOTS_CLIENT_KEY; the flags above win over them"
+)
+
+
 def _connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = CONNECTION_ENV
     env = os.environ.get
     parser.add_argument(
         "--server", default=env("BOTS_SERVER", DEFAULT_SERVER), help=f"server address (env BOTS_SERVER; {DEFAULT_SERVER})"
@@ -405,7 +418,14 @@ def _groups_set(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bots-server", description="BOTS selection service")
+    parser = argparse.ArgumentParser(
+        prog="bots-server",
+        description="BOTS selection service",
+        epilog="serve, migrate and compact read BOTS_DB (the database URL; sqlite:///bots.db by default) and the "
+        "BOTS_* variables their --help names. experiments, export, tasks and groups call a running server: "
+        "BOTS_SERVER (host:port; default 127.0.0.1:50051) and BOTS_TOKEN (its bearer token, if it wants one), "
+        "and the TLS variables of their --help.",
+    )
     parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -491,8 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
         _connection_arguments(p)
 
     token = commands.add_parser(
-        "token", help="make a bearer token and print it with its credentials-file entry (docs/security.md)"
-    )
+        "token", help="make a bearer token and print it with its credentials-file entry (docs/security.md)",
+        epilog="The one it is for passes the token as BOTS_TOKEN (the ops commands, bots_client.Connection.from_env).",
+    )  # fmt: skip
     token.add_argument("--name", required=True, help="who the token is for (shown in audit lines)")
     token.add_argument("--tenant", default="default", help="the tenant (default: default)")
     token.add_argument("--role", default="writer", help="reader, writer, tenant-admin (every call on its own tenant) or admin (every tenant) (default: writer)")

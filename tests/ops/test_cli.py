@@ -239,6 +239,20 @@ def test_every_subcommand_and_argument_has_a_help_string() -> None:
     assert re.search(r"^ +show +\S", shown.stdout, flags=re.MULTILINE), shown.stdout
 
 
+def test_every_help_of_a_command_that_calls_a_server_names_its_variables() -> None:
+    parser = cli.build_parser()
+    callers = [(c, p) for c, _, p in _subcommands(parser) if any("--server" in a.option_strings for a in p._actions)]
+    assert len(callers) >= 7  # experiments list/show, export, tasks retire/reactivate, groups list/set
+    for command, sub in [("bots-server", parser), *callers]:
+        text = " ".join(sub.format_help().split())
+        for variable in ("BOTS_SERVER", "BOTS_TOKEN"):
+            assert variable in text, f"{command} --help does not name {variable}"
+    shown = subprocess.run(
+        [sys.executable, "-m", "bots_server.cli", "export", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0 and "BOTS_TOKEN (the bearer token" in " ".join(shown.stdout.split())
+
+
 def test_serve_help_gives_the_real_shutdown_default() -> None:
     shown = subprocess.run(
         [sys.executable, "-m", "bots_server.cli", "serve", "--help"], capture_output=True, text=True, timeout=60

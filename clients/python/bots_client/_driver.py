@@ -3,7 +3,9 @@ options, the request id of a call and the retry schedule of an RPC."""
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import time
 import uuid
 from typing import Any
@@ -25,6 +27,8 @@ CHANNEL_OPTIONS = (
 
 Metadata = tuple[tuple[str, str], ...]
 REQUEST_ID_KEY = "x-request-id"
+
+log = logging.getLogger("bots_client")
 
 
 def with_request_id(metadata: Metadata) -> tuple[str, Metadata]:
@@ -102,3 +106,32 @@ def pushback_seconds(error: grpc.RpcError) -> float | None:
                 return None
             return milliseconds / 1000 if milliseconds >= 0 else None
     return None
+
+
+class Reachability:
+    """Says once, at a WARNING, that a client's server cannot be reached
+    (UNAVAILABLE: nothing listens, a DNS failure, a server restarting or
+    without its database) and that the call goes on retrying; without it a
+    trainer started before its server waited its retry_timeout without a
+    word. Once the server has answered, a later outage is told again."""
+
+    def __init__(self, target: str) -> None:
+        self._target = target
+        self._told = False
+        self._lock = threading.Lock()
+
+    def retrying(self, error: grpc.RpcError, retry_timeout: float) -> None:
+        """A failed attempt that will be retried."""
+        if error.code() is not grpc.StatusCode.UNAVAILABLE:
+            return
+        with self._lock:
+            if self._told:
+                return
+            self._told = True
+        detail = " ".join(str(error.details() or "").split())
+        log.warning(
+            "BOTS server not reachable at %s, retrying for up to %g s (%s)", self._target, retry_timeout, detail
+        )
+
+    def answered(self) -> None:
+        self._told = False

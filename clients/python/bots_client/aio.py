@@ -50,6 +50,7 @@ class AsyncClient:
         else:
             self._channel = grpc.aio.secure_channel(target, credentials, options=_driver.CHANNEL_OPTIONS)
         self._stub = pb_grpc.TaskSelectorStub(self._channel)
+        self._reachability = _driver.Reachability(target)
 
     async def close(self) -> None:
         await self._channel.close(grace=None)
@@ -84,11 +85,15 @@ class AsyncClient:
             try:
                 response = getattr(self._stub, rpc.method)(rpc.stub_argument(), timeout=timeout, metadata=metadata)
                 # A stream's failure surfaces while it is read: read it inside the retry.
-                return [m async for m in response] if rpc.streams_response else await response
+                answer = [m async for m in response] if rpc.streams_response else await response
             except grpc.RpcError as e:
                 delay = retries.delay_after(e)
                 if delay is None:
                     raise from_rpc_error(e, request_id, retries.after_unanswered_attempt) from None
+                self._reachability.retrying(e, self.retry_timeout)
+            else:
+                self._reachability.answered()
+                return answer
             await asyncio.sleep(delay)
 
     async def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:

@@ -63,6 +63,7 @@ class Client:
         else:
             self._channel = grpc.secure_channel(target, credentials, options=_driver.CHANNEL_OPTIONS)
         self._stub = pb_grpc.TaskSelectorStub(self._channel)
+        self._reachability = _driver.Reachability(target)
 
     def close(self) -> None:
         self._channel.close()
@@ -97,11 +98,15 @@ class Client:
             try:
                 response = getattr(self._stub, rpc.method)(rpc.stub_argument(), timeout=timeout, metadata=metadata)
                 # A stream's failure surfaces while it is read: read it inside the retry.
-                return list(response) if rpc.streams_response else response
+                answer = list(response) if rpc.streams_response else response
             except grpc.RpcError as e:
                 delay = retries.delay_after(e)
                 if delay is None:
                     raise from_rpc_error(e, request_id, retries.after_unanswered_attempt) from None
+                self._reachability.retrying(e, self.retry_timeout)
+            else:
+                self._reachability.answered()
+                return answer
             time.sleep(delay)
 
     def create_experiment(self, name: str, config: ExperimentConfig | None = None) -> Experiment:
