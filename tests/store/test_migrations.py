@@ -69,14 +69,21 @@ def seed_experiment(store: SqlStore) -> None:
             else:
                 conn.execute(t["checkpoints"].insert().values(experiment_id=1, step=1, num_tasks=3, create_time=NOW, state=blob))
         conn.execute(t["steps"].insert().values(experiment_id=1, step=2, batch_id="b2", pool_size=3, capability=CAPABILITY, capability_estimate=C_HAT, create_time=NOW))
-        conn.execute(t["outcomes"].insert().values(experiment_id=1, step=2, task_idx=0, successes=4.0, trials=16))
+        if "step_outcomes" in t:  # from revision 0009 on: a step's outcomes and a batch's tasks as one value each
+            outcomes = pieces.pack_outcomes([0], [4.0], [16])
+            conn.execute(t["step_outcomes"].insert().values(experiment_id=1, step=2, outcomes=outcomes))
+        else:
+            conn.execute(t["outcomes"].insert().values(experiment_id=1, step=2, task_idx=0, successes=4.0, trials=16))
         conn.execute(
             t["batches"].insert().values(
                 experiment_id=1, batch_id="b2", request_key="step-1", step=1, batch_size=1,
                 create_time=NOW, lease_expire_time=NOW, reported_step=2,
             )
         )  # fmt: skip
-        conn.execute(t["batch_tasks"].insert().values(experiment_id=1, batch_id="b2", position=0, task_idx=0))
+        if "batch_task_lists" in t:
+            conn.execute(t["batch_task_lists"].insert().values(experiment_id=1, batch_id="b2", tasks=pieces.pack_tasks([0])))
+        else:
+            conn.execute(t["batch_tasks"].insert().values(experiment_id=1, batch_id="b2", position=0, task_idx=0))
 
 
 def downgrade(store: SqlStore, revision: str) -> None:

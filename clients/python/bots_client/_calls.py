@@ -334,6 +334,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
     features: list[dict[str, float]] = []
     retired: list[bool] = []
     groups: list[str] = []
+    vectors: list[bytes] = []
     shares: dict[str, tuple[float, float]] = {}
     halvings = 0
     experiment = None
@@ -348,6 +349,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         features.extend(dict(f.values) for f in chunk.features)
         retired.extend(chunk.retired)
         groups.extend(chunk.groups)
+        vectors.extend(chunk.embeddings)
     if experiment is None:
         raise RuntimeError("snapshot stream ended without the experiment header")
     return Snapshot(
@@ -361,6 +363,7 @@ def snapshot_from_chunks(chunks: Iterable[pb.SnapshotChunk], include_features: b
         groups if groups else None,
         shares,
         halvings,
+        _convert.embedding_matrix(vectors, experiment.config.embedding_dim),
     )
 
 
@@ -389,10 +392,12 @@ def restore_chunks(
     first.rho_halvings = snapshot.rho_halvings
     chunks, current, size = [first], first, 0
     retired = snapshot.retired if snapshot.retired is not None and snapshot.retired.any() else None
+    embeddings = snapshot.embeddings
+    embedding_size = 0 if embeddings is None else embeddings.shape[1] * 4 + 3
     for i, (key, a, b, f) in enumerate(
         zip(snapshot.keys, snapshot.alpha.tolist(), snapshot.beta.tolist(), snapshot.features)
     ):
-        task_size = _utf8_size(key) + 24 + sum(_utf8_size(n) + 16 for n in f)
+        task_size = _utf8_size(key) + 24 + sum(_utf8_size(n) + 16 for n in f) + embedding_size
         if size and size + task_size > chunk_bytes:
             current, size = pb.RestoreExperimentRequest(), 0
             chunks.append(current)
@@ -405,6 +410,8 @@ def restore_chunks(
         if snapshot.groups is not None:
             current.groups.append(snapshot.groups[i])
             task_size += _utf8_size(snapshot.groups[i]) + 2
+        if embeddings is not None:
+            current.embeddings.append(_convert.embedding_bytes(embeddings[i], key))
         size += task_size + 1
     return chunks
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 from google.protobuf import timestamp_pb2
 
 from bots_client.proto import bots_pb2 as pb
@@ -106,11 +107,43 @@ def experiment_to_proto(experiment: Experiment) -> pb.Experiment:
 
 
 def task_to_proto(task: Task) -> pb.Task:
-    return pb.Task(key=task.key, features=dict(task.features), group=task.group)
+    message = pb.Task(key=task.key, features=dict(task.features), group=task.group)
+    if task.embedding is not None:
+        message.embedding = embedding_bytes(task.embedding, task.key)
+    return message
 
 
 def tasks_from_proto(messages: Iterable[pb.Task]) -> list[Task]:
-    return [Task(key=m.key, features=dict(m.features), group=m.group) for m in messages]
+    return [
+        Task(key=m.key, features=dict(m.features), group=m.group, embedding=embedding_values(m.embedding))
+        for m in messages
+    ]
+
+
+# The API's embeddings: little-endian float32 values, end to end.
+EMBEDDING_DTYPE = np.dtype("<f4")
+
+
+def embedding_bytes(values: Sequence[float] | np.ndarray, key: str = "") -> bytes:
+    """A task's embedding as the API carries it. The server checks the
+    values (finite, the experiment's embedding_dim of them)."""
+    array = np.asarray(values, dtype=EMBEDDING_DTYPE)
+    if array.ndim != 1:
+        raise ValueError(f"task {key!r}: an embedding is one vector, not an array of shape {array.shape}")
+    return array.tobytes()
+
+
+def embedding_values(data: bytes) -> np.ndarray | None:
+    """A task's embedding from the API's bytes (float32); None for none."""
+    return np.frombuffer(data, dtype=EMBEDDING_DTYPE).astype(np.float32) if data else None
+
+
+def embedding_matrix(rows: Sequence[bytes], dim: int) -> np.ndarray | None:
+    """Tasks' embeddings as one float32 array (len(rows) x dim); None when
+    there are none."""
+    if not rows or dim == 0:
+        return None
+    return np.frombuffer(b"".join(rows), dtype=EMBEDDING_DTYPE).reshape(len(rows), dim).astype(np.float32)
 
 
 def batch_from_proto(message: pb.Batch) -> Batch:

@@ -4,7 +4,7 @@ the generated protobuf code."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -75,6 +75,10 @@ class Task:
     key: str
     features: Mapping[str, float] = field(default_factory=dict)
     group: str = ""  # e.g. its dataset, for group shares; "": none
+    # Its embedding: the experiment's embedding_dim numbers (a sequence of
+    # floats or a 1-D numpy array), sent as float32; None: none (required
+    # when the experiment has an embedding_dim, refused when it has not).
+    embedding: Sequence[float] | np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,8 @@ class Snapshot:
     # group -> (min, max) share of each batch (Client.set_group_shares); empty: no quotas
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)
     rho_halvings: int = 0  # how often adaptive rho (adaptive_rho_error) halved rho so far
+    # float32, one row per task (num_tasks x embedding_dim): with include_features, when the experiment has embeddings
+    embeddings: np.ndarray | None = None
 
     @property
     def step(self) -> int:

@@ -4,6 +4,11 @@ Every field of PosteriorState is written, whatever it is: arrays as arrays,
 the rest as scalars. A field added to PosteriorState later rides along with
 no change here; a checkpoint written before the field existed reads it at its
 starting value (the value a new task or experiment gets).
+
+Except the pool's data that the tasks rows hold already: the embeddings
+(up to 16 KiB a task, fixed once added) would make every checkpoint as large
+as the pool's vectors, written again every few steps. A rebuild reads them
+from the tasks rows (LiveExperiment.rebuild); a checkpoint's state has none.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from bots_server.engine import PosteriorState
 from bots_server.engine.params import EngineParams
 from bots_server.store import checkpoint_blob
 
+# Fields a rebuild takes from the tasks rows, never from the checkpoint.
+FROM_TASK_ROWS = frozenset({"embeddings"})
+
 
 def encode_state(state: PosteriorState) -> memoryview:
     """The whole state as one value. Reads the arrays only (they are never
@@ -27,6 +35,8 @@ def encode_state(state: PosteriorState) -> memoryview:
     scalars: dict[str, Any] = {}
     for field in dataclasses.fields(state):
         value = getattr(state, field.name)
+        if field.name in FROM_TASK_ROWS:
+            continue
         if value is None:
             continue  # an optional array the experiment does not have: read back at its starting value
         if isinstance(value, np.ndarray):
@@ -55,7 +65,9 @@ def decode_state(blob: bytes, params: EngineParams) -> PosteriorState:
     )
     values: dict[str, Any] = {}
     for field in dataclasses.fields(PosteriorState):
-        if field.name in content.arrays:
+        if field.name in FROM_TASK_ROWS:
+            values[field.name] = None  # the caller attaches them from the tasks rows
+        elif field.name in content.arrays:
             values[field.name] = np.array(content.arrays[field.name])  # owned and writable, not a view of the blob
         elif field.name in content.scalars:
             values[field.name] = content.scalars[field.name]

@@ -68,6 +68,9 @@ class NewTasks:
     keys: list[str] = field(default_factory=list)
     features: list[dict[str, float]] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)  # e.g. its dataset; "": none
+    # Each task's embedding (config.embedding_dim little-endian float32
+    # values, core/embeddings.py); empty: no task has one.
+    embeddings: list[bytes] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -168,6 +171,7 @@ class Snapshot:
     groups: list[str] | None = None  # per task ("": none); None: no groups
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (min, max); none: no quotas
     rho_halvings: int = 0  # adaptive rho's halvings so far (engine/state.py)
+    embeddings: list[bytes] | None = None  # with features, per task, when the experiment has embeddings
 
 
 @dataclass(frozen=True)
@@ -187,3 +191,4 @@ class RestoreData:
     groups: list[str] = field(default_factory=list)  # per task; empty: no groups
     shares: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (min, max); none: no quotas
     rho_halvings: int = 0  # adaptive rho's halvings so far (engine/state.py)
+    embeddings: list[bytes] = field(default_factory=list)  # per task, when the config has an embedding_dim

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bots_server.core import embeddings
 from bots_server.core.checkpoint_state import decode_state
 from bots_server.core.domain import ExperimentConfig
 from bots_server.core.limits import MAX_GROUPS
@@ -82,9 +83,9 @@ class LiveExperiment:
                 setattr(self, f.name, getattr(other, f.name))
 
     def memory_bytes(self) -> int:
-        """About how much memory this experiment holds: its arrays, its keys
-        and a fixed overhead (docs/operations.md compares it with the
-        resident memory it adds)."""
+        """About how much memory this experiment holds: its arrays (the
+        embeddings among them), its keys and a fixed overhead
+        (docs/operations.md compares it with the resident memory it adds)."""
         arrays = sum(a.nbytes for a in vars(self.state).values() if isinstance(a, np.ndarray))
         arrays += self.retired.nbytes + self.group_of.nbytes
         return arrays + self.keys.nbytes + EXPERIMENT_OVERHEAD_BYTES
@@ -109,12 +110,22 @@ class LiveExperiment:
         return reference_rates(self.config, features)
 
     def append_tasks(
-        self, keys: Sequence[str], weak: np.ndarray, strong: np.ndarray, groups: Sequence[str] | None = None
+        self,
+        keys: Sequence[str],
+        weak: np.ndarray,
+        strong: np.ndarray,
+        groups: Sequence[str] | None = None,
+        vectors: Sequence[bytes] = (),
     ) -> None:
         """New tasks at the prior; `weak`/`strong` their reference pass rates
-        (NaN: none); `groups` their groups ("" or None: none)."""
+        (NaN: none); `groups` their groups ("" or None: none); `vectors`
+        their embeddings (validated: one each when the experiment has an
+        embedding_dim)."""
+        if self.config.embedding_dim and len(vectors) != len(keys):
+            raise RuntimeError(f"experiment {self.name!r}: {len(keys)} new tasks, {len(vectors)} embeddings")
         self._take_keys(keys, groups)
-        self.state = self.state.extended(self.config, weak, strong)
+        added = embeddings.matrix(vectors, self.config.embedding_dim)
+        self.state = self.state.extended(self.config, weak, strong, added)
 
     def _take_keys(self, keys: Sequence[str], groups: Sequence[str] | None) -> None:
         """The keys and groups of tasks whose posterior `state` holds or is about to."""
@@ -142,7 +153,7 @@ class LiveExperiment:
         return set(groups) - set(self.group_index)
 
     def append_loaded(self, rows: LoadedRows) -> None:
-        self.append_tasks(rows.keys, _floats(rows.weak), _floats(rows.strong), rows.groups or None)
+        self.append_tasks(rows.keys, _floats(rows.weak), _floats(rows.strong), rows.groups or None, rows.embeddings)
 
     @property
     def has_groups(self) -> bool:
@@ -225,6 +236,10 @@ class LiveExperiment:
         exp = rows.experiment
         state = decode_state(checkpoint.state, config)
         covered = checkpoint.num_tasks
+        vectors = rows.embeddings
+        if config.embedding_dim and len(vectors) != len(rows.keys):
+            raise RuntimeError(f"experiment {exp.name!r}: {len(rows.keys)} keys, {len(vectors)} embeddings")
+        state = dataclasses.replace(state, embeddings=embeddings.matrix(vectors[:covered], config.embedding_dim))
         if state.num_tasks != covered or len(rows.keys) != covered + len(rows.weak):
             raise RuntimeError(
                 f"experiment {exp.name!r}: checkpoint of {state.num_tasks} tasks (row: {covered}), "
@@ -243,7 +258,9 @@ class LiveExperiment:
         )
         live._take_keys(rows.keys[:covered], groups[:covered])
         if len(rows.keys) > covered:
-            live.append_tasks(rows.keys[covered:], _floats(rows.weak), _floats(rows.strong), groups[covered:])
+            live.append_tasks(
+                rows.keys[covered:], _floats(rows.weak), _floats(rows.strong), groups[covered:], vectors[covered:]
+            )
         live.replay(rows.events)
         live.apply_pool_events(rows.pool_events)
         live.know_open_batches(rows)

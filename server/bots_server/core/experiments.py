@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from bots_server.core import audit, tenancy, validation
+from bots_server.core import audit, embeddings, tenancy, validation
 from bots_server.core.checkpoint_state import encode_state
 from bots_server.core.checkpoints import Checkpoints
 from bots_server.core.domain import Experiment, ExperimentConfig, RestoreData, Snapshot
@@ -49,6 +49,12 @@ class Experiments:
         """The experiment's number of tasks (NotFound if there is none): one
         lookup, for a call that must know before it takes a stream."""
         return (await self._row(name)).num_tasks
+
+    async def shape(self, name: str) -> tuple[int, int]:
+        """The experiment's number of tasks and embedding_dim (NotFound if
+        there is none): one lookup, for a call that sizes its memory first."""
+        row = await self._row(name)
+        return row.num_tasks, ExperimentConfig.from_dict(row.config).embedding_dim
 
     async def refuse_taken(self, name: str) -> None:
         """AlreadyExists if `name` is taken: one lookup, before a restore
@@ -105,6 +111,11 @@ class Experiments:
             live, _ = await rt.ready(source)
             claim = await self.quotas.new_experiment(name, live.num_tasks)
             fork_config = config or live.config
+            if fork_config.embedding_dim != live.config.embedding_dim:
+                raise InvalidArgument(
+                    f"config.embedding_dim = {fork_config.embedding_dim} differs from the source's "
+                    f"({live.config.embedding_dim}): a fork keeps its source's tasks and their embeddings"
+                )
             state = live.state
             if fork_config.reference_features != live.config.reference_features:
                 # The fork reads other features as its reference pass rates.
@@ -146,8 +157,9 @@ class Experiments:
             data.features,
             data.capability,
             pacer,
+            data.embeddings,
         )
-        for what, values in (("retired flags", data.retired), ("groups", data.groups)):
+        for what, values in (("retired flags", data.retired), ("groups", data.groups), ("embeddings", data.embeddings)):
             if values and len(values) != len(data.keys):
                 raise InvalidArgument(f"snapshot arrays differ in length: {len(data.keys)} keys, {len(values)} {what}")
         if data.groups:
@@ -168,6 +180,7 @@ class Experiments:
             retired=[i for i, r in enumerate(data.retired) if r],
             groups=data.groups or None,
             shares=dict(data.shares),
+            embeddings=data.embeddings or None,
         )
         create = functools.partial(rt.store.create_copy, pace=pacer.pace)
         row = await self.quotas.write(claim, create, copy, rt.clock())
@@ -194,7 +207,12 @@ class Experiments:
         keys_list, alpha, beta = await rt.run(lambda: (keys.tolist(), state.alpha.tolist(), state.beta.tolist()))
         pace = None if pacer is None else pacer.pace
         features = await rt.db(rt.store.load_features, live.id, len(keys), pace) if include_features else None
-        return Snapshot(experiment, keys_list, alpha, beta, features, retired.tolist(), groups, shares, halvings)
+        vectors = None
+        if include_features and state.embeddings is not None:
+            vectors = await rt.run(embeddings.as_bytes, state.embeddings)
+        return Snapshot(
+            experiment, keys_list, alpha, beta, features, retired.tolist(), groups, shares, halvings, vectors
+        )
 
 
 def _check_restored_shares(data: RestoreData) -> None:

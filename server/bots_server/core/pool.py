@@ -43,6 +43,7 @@ class Pool:
             pacer = rt.priority.pacer()
             await rt.run(validation.tasks, live.config, tasks, pacer)
             keys, features, groups = tasks.keys, tasks.features, tasks.groups or [""] * len(tasks)
+            vectors = tasks.embeddings if live.config.embedding_dim else None  # validated: empty without
             for _ in range(MAX_WRITE_ATTEMPTS):
                 taken = [keys[j] for j in np.flatnonzero(await rt.run(live.keys.lookup, keys) >= 0).tolist()]
                 if taken:
@@ -55,12 +56,16 @@ class Pool:
                     )
                 claim = await self.quotas.more_tasks(name, live.num_tasks, len(keys))
                 try:
-                    add = functools.partial(rt.store.add_tasks, groups=groups, pace=pacer.pace)
+                    add = functools.partial(
+                        rt.store.add_tasks, groups=groups, pace=pacer.pace, embeddings=vectors
+                    )
                     await self.quotas.write(claim, add, live.id, live.num_tasks, keys, features)
                 except StaleStep:
                     await rt.catch_up(live)
                     continue
-                await rt.run(lambda: live.append_tasks(keys, *live.reference_rates(features), groups))
+                await rt.run(
+                    lambda: live.append_tasks(keys, *live.reference_rates(features), groups, vectors or ())
+                )
                 await rt.run(release_free_memory, len(keys))  # the request's transient buffers
                 rt.keep_within_budget()
                 rt.notify(rt.observer.tasks_added, name, live.num_tasks)

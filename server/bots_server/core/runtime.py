@@ -155,13 +155,17 @@ class Runtime:
         config = ExperimentConfig.from_dict(row.config)
         started = time.perf_counter()
         rows = await self.db(
-            self.store.load, row.id, reference_features=config.reference_features, lookup=self._with_leases(lookup)
+            self.store.load,
+            row.id,
+            reference_features=config.reference_features,
+            lookup=self._with_leases(lookup),
+            embeddings=config.embedding_dim > 0,
         )
         if rows is None:
             raise NotFound(f"experiment {name!r} not found")
         live = await self.run(LiveExperiment.rebuild, rows, config)
         # The loaded keys are in `live` now: free them, and their pages.
-        rows = dataclasses.replace(rows, keys=[], weak=[], strong=[], groups=[])
+        rows = dataclasses.replace(rows, keys=[], weak=[], strong=[], groups=[], embeddings=[])
         await self.run(release_free_memory, live.num_tasks)
         self.live[name] = live
         self.keep_within_budget()
@@ -195,6 +199,7 @@ class Runtime:
             first_task=live.num_tasks,
             lookup=lookup,
             after_pool_event=live.pool_seq,
+            embeddings=live.config.embedding_dim > 0,
         )
         if rows is None or rows.experiment.name != live.name:
             await self._gone(live)
@@ -206,6 +211,7 @@ class Runtime:
                 live.id,
                 reference_features=live.config.reference_features,
                 lookup=self._with_leases(lookup),
+                embeddings=live.config.embedding_dim > 0,
             )
             if full is None:
                 await self._gone(live)

@@ -95,6 +95,51 @@ def tasks(cfg: ExperimentConfig, new: NewTasks, pacer: Pacer | None = None) -> N
                 raise InvalidArgument(
                     f"task {shown(key)}: reference pass rate {shown(name)} = {value!r} is outside [0, 1]"
                 )
+    embeddings(cfg, new.keys, new.embeddings)
+
+
+# Tasks whose embeddings are checked as one array: bounds the copy the check makes.
+_EMBEDDINGS_PER_CHECK = 4096
+
+
+def embeddings(cfg: ExperimentConfig, keys: Sequence[str], vectors: Sequence[bytes]) -> None:
+    """Each task's embedding: exactly config.embedding_dim float32 values,
+    all finite, when the experiment has an embedding_dim; none when it has
+    not. `vectors` empty: no task has one."""
+    dim = cfg.embedding_dim
+    if dim == 0:
+        given = next((j for j, v in enumerate(vectors) if v), None)
+        if given is not None:
+            raise InvalidArgument(
+                f"task {shown(keys[given])} has an embedding, but the experiment has none (config.embedding_dim = 0)"
+            )
+        return
+    if len(vectors) < len(keys):
+        vectors = [*vectors, *[b""] * (len(keys) - len(vectors))]  # the missing ones: none
+    size = dim * 4
+    for start in range(0, len(keys), _EMBEDDINGS_PER_CHECK):
+        block = vectors[start : start + _EMBEDDINGS_PER_CHECK]
+        lengths = np.fromiter(map(len, block), dtype=np.int64, count=len(block))
+        wrong = np.flatnonzero(lengths != size)
+        if wrong.size:
+            j = int(wrong[0])
+            raise InvalidArgument(f"task {shown(keys[start + j])}: {_wrong_length(len(block[j]), dim)}")
+        values = np.frombuffer(b"".join(block), dtype="<f4").reshape(len(block), dim)
+        finite = np.isfinite(values)
+        if not finite.all():
+            j, k = (int(i) for i in np.argwhere(~finite)[0])
+            raise InvalidArgument(
+                f"task {shown(keys[start + j])}: embedding value #{k} is {float(values[j, k])!r}; "
+                "every value must be finite"
+            )
+
+
+def _wrong_length(length: int, dim: int) -> str:
+    if length == 0:
+        return f"no embedding; the experiment's tasks each need {dim} values (config.embedding_dim)"
+    if length % 4:
+        return f"embedding of {length} bytes is not float32 values (4 bytes each)"
+    return f"embedding has {length // 4} values; the experiment's embedding_dim is {dim}"
 
 
 def task_keys(what: str, keys: Sequence[str]) -> None:
@@ -205,6 +250,7 @@ def snapshot(
     features: list[dict[str, float]],
     capability: float | None,
     pacer: Pacer | None = None,
+    embeddings: list[bytes] | None = None,
 ) -> None:
     """A snapshot to restore: one entry per task everywhere, a valid posterior."""
     if step > limits.MAX_STEP:
@@ -216,7 +262,7 @@ def snapshot(
             f"{len(beta)} beta, {len(features)} features"
         )
     if keys:
-        tasks(cfg, NewTasks(keys, features), pacer)
+        tasks(cfg, NewTasks(keys, features, embeddings=embeddings or []), pacer)
     for name, values in (("alpha", alpha), ("beta", beta)):
         for key, value in zip(keys, values, strict=True):
             if not (math.isfinite(value) and value > 0):

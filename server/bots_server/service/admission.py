@@ -38,6 +38,9 @@ BYTES_PER_STREAMED_TASK = 700
 # dicts (about 400 B/task more; measured with tracemalloc on 100k tasks).
 BYTES_PER_SNAPSHOT_TASK = 100
 BYTES_PER_SNAPSHOT_FEATURES = 400
+# With features, each task's embedding too: its bytes, and a bytes object's
+# header (33 B) around them.
+BYTES_PER_SNAPSHOT_EMBEDDING = 40
 _MB = 1024 * 1024
 # A call refused for want of room (after waiting wait_s for it) tells the
 # client to try again this much later: the calls holding the room finish in
@@ -137,5 +140,11 @@ def stream_cost(tasks: int, stream_bytes: int) -> int:
     return tasks * BYTES_PER_STREAMED_TASK + stream_bytes
 
 
-def snapshot_cost(tasks: int, include_features: bool) -> int:
-    return tasks * (BYTES_PER_SNAPSHOT_TASK + (BYTES_PER_SNAPSHOT_FEATURES if include_features else 0))
+def snapshot_cost(tasks: int, include_features: bool, embedding_bytes: int = 0) -> int:
+    """`embedding_bytes`: of one task's embedding (0: none)."""
+    per_task = BYTES_PER_SNAPSHOT_TASK
+    if include_features:
+        per_task += BYTES_PER_SNAPSHOT_FEATURES
+        if embedding_bytes:
+            per_task += embedding_bytes + BYTES_PER_SNAPSHOT_EMBEDDING
+    return tasks * per_task

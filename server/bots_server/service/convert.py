@@ -105,6 +105,7 @@ def add_tasks_from_proto(into: NewTasks, messages: Iterable[pb.Task], pacer: Pac
         into.keys.append(m.key)
         into.features.append(dict(m.features))
         into.groups.append(m.group)
+        into.embeddings.append(m.embedding)
 
 
 def outcomes_from_proto(messages: Iterable[pb.Outcome]) -> Outcomes:

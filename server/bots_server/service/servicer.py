@@ -153,6 +153,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         name = source = ""
         retired: list[bool] = []
         groups: list[str] = []
+        vectors: list[bytes] = []
         async with self.admission.holding(_caller_tenant(), "RestoreExperiment") as charge:
             budget = _StreamBudget("RestoreExperiment", self.stream_bounds, charge)
             pacer = self.core.runtime.priority.pacer()
@@ -176,6 +177,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                     features.extend(dict(f.values) for f in pacer.paced(chunk.features))
                     retired.extend(chunk.retired)
                     groups.extend(chunk.groups)
+                    vectors.extend(chunk.embeddings)
 
                 await asyncio.to_thread(take)  # off the event loop, as AddTasks' conversion
             if first is None:
@@ -195,6 +197,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                 groups=groups,
                 shares=convert.shares_from_proto(first.shares, "RestoreExperiment"),
                 rho_halvings=first.rho_halvings,
+                embeddings=vectors,
             )
             return _shown(await self.core.experiments.restore(data, pacer))
 
@@ -305,9 +308,9 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
         self, request: pb.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SnapshotChunk]:
         name = _name(request.experiment)
-        num_tasks = await self.core.experiments.size(name)
+        num_tasks, embedding_dim = await self.core.experiments.shape(name)
         async with self.admission.holding(_caller_tenant(), "Snapshot") as charge:
-            await charge.at_least(snapshot_cost(num_tasks, request.include_features))
+            await charge.at_least(snapshot_cost(num_tasks, request.include_features, 4 * embedding_dim))
             pacer = self.core.runtime.priority.pacer()
             snap = await self.core.experiments.snapshot(name, request.include_features, pacer)
             # Chunks are sized and built on a worker thread, in blocks that
@@ -342,6 +345,8 @@ def _chunk_bounds(snap: Snapshot, pacer: Pacer) -> list[tuple[int, int]]:
             size += sum(len(name.encode()) + _PER_FEATURE_OVERHEAD for name in snap.features[i])
         if snap.groups is not None:
             size += len(snap.groups[i].encode()) + 2
+        if snap.embeddings is not None:
+            size += len(snap.embeddings[i]) + 3
         if size >= SNAPSHOT_CHUNK_BYTES:
             bounds.append((start, i + 1))
             start, size = i + 1, 0
@@ -362,4 +367,6 @@ def _fill(chunk: pb.SnapshotChunk, snap: Snapshot, start: int, stop: int, pacer:
             chunk.retired.extend(snap.retired[lo:hi])
         if snap.groups is not None:
             chunk.groups.extend(snap.groups[lo:hi])
+        if snap.embeddings is not None:
+            chunk.embeddings.extend(snap.embeddings[lo:hi])
     return chunk

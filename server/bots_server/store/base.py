@@ -193,10 +193,12 @@ class Store(abc.ABC):
         *,
         limits: TenantLimits | None = None,
         pace: Callable[[], None] | None = None,
+        embeddings: Sequence[bytes] | None = None,
     ) -> int:
         """Append tasks at indices expected_num_tasks, expected_num_tasks+1, ...
         and return the new number of tasks. `groups`: each task's group ("" or
-        None: none).
+        None: none). `embeddings`: each task's embedding, kept as given (None:
+        none).
 
         A compare-and-set on the experiment's number of tasks: StaleStep if it
         is not `expected_num_tasks` (another writer added tasks first).
@@ -225,6 +227,7 @@ class Store(abc.ABC):
         first_task: int = 0,
         lookup: Lookup | None = None,
         after_pool_event: int = 0,
+        embeddings: bool = False,
     ) -> LoadedRows | None:
         """Rows to rebuild or catch up an experiment, plus what `lookup` asks
         for, all from one transaction. None if the experiment does not exist.
@@ -247,7 +250,9 @@ class Store(abc.ABC):
 
         `pool_events`: the pool's events (retirements, group shares) with
         seq after `after_pool_event`, by seq (a rebuild passes 0: all of
-        them); `groups`: the group of each task read ("": none).
+        them); `groups`: the group of each task read ("": none); with
+        `embeddings`, the embedding of each task read (checkpoints do not
+        hold them).
         """
 
     @abc.abstractmethod

@@ -120,6 +120,8 @@ class LoadedRows:
     open_batches: list[BatchRow] | None = None  # with Lookup.leases_at
     pool_events: list[PoolEvent] = field(default_factory=list)  # after load's after_pool_event, by seq
     groups: list[str] = field(default_factory=list)  # the group of each task in `keys` ("": none)
+    # With load's `embeddings`: the embedding of each task in `keys`, as stored.
+    embeddings: list[bytes] = field(default_factory=list)
 
     @property
     def leased(self) -> list[int] | None:
@@ -147,6 +149,7 @@ class ExperimentCopy:
     features: list[dict[str, float]] | None = None
     retired: Sequence[int] = ()  # task indices that start retired
     groups: list[str] | None = None  # with given keys: each task's group ("": none)
+    embeddings: list[bytes] | None = None  # with given keys: each task's embedding (None: none)
     shares: Mapping[str, tuple[float, float]] | None = None  # group shares in force
     tenant: str = DEFAULT_TENANT
 

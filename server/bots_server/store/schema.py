@@ -72,6 +72,8 @@ tasks = Table(
     Column("key", String(1024), nullable=False),
     Column("features", Text, nullable=False),  # JSON object of named floats
     Column("group_name", String(256), nullable=True),  # its group (revision 0005); NULL: none
+    # Its embedding (revision 0010): embedding_dim little-endian float32 values; NULL: none.
+    Column("embedding", LargeBinary, nullable=True),
     UniqueConstraint("experiment_id", "key", name="uq_tasks_experiment_key"),
 )
 

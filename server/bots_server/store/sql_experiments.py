@@ -72,7 +72,12 @@ class ExperimentsSql(TaskRowsSql):
                     t.tasks.insert().from_select(
                         TASK_COLUMNS,
                         sa.select(
-                            sa.literal(experiment_id), source.task_idx, source.key, source.features, source.group_name
+                            sa.literal(experiment_id),
+                            source.task_idx,
+                            source.key,
+                            source.features,
+                            source.group_name,
+                            source.embedding,
                         ).where(
                             source.experiment_id == copy.source_id, source.task_idx >= start, source.task_idx < stop
                         ),
@@ -80,9 +85,16 @@ class ExperimentsSql(TaskRowsSql):
                 )
             else:
                 assert copy.keys is not None and encoded is not None
-                keys, groups = copy.keys, copy.groups
+                keys, groups, vectors = copy.keys, copy.groups, copy.embeddings
                 rows = (
-                    (experiment_id, i, keys[i], encoded[i], (groups[i] if groups else "") or None)  # "": NULL
+                    (
+                        experiment_id,
+                        i,
+                        keys[i],
+                        encoded[i],
+                        (groups[i] if groups else "") or None,  # "": NULL
+                        vectors[i] if vectors else None,
+                    )
                     for i in range(start, stop)
                 )
                 self._bulk_insert(conn, t.tasks, TASK_COLUMNS, rows, pace)

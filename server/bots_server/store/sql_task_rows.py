@@ -36,7 +36,7 @@ from bots_server.store import schema as t
 from bots_server.store.errors import Abandoned, StaleStep
 from bots_server.store.sql_base import SqlBase, _translate_errors
 
-TASK_COLUMNS = ("experiment_id", "task_idx", "key", "features", "group_name")
+TASK_COLUMNS = ("experiment_id", "task_idx", "key", "features", "group_name", "embedding")
 # A part of 250 tasks rows adds about 16 pages to SQLite's log: settled every
 # 32, the log stays near half of the 1000 pages that set off the automatic
 # checkpoint.

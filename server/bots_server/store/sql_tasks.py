@@ -42,9 +42,11 @@ class TasksSql(TaskRowsSql):
         *,
         limits: TenantLimits | None = None,
         pace: Callable[[], None] | None = None,
+        embeddings: Sequence[bytes] | None = None,
     ) -> int:
         total = expected_num_tasks + len(keys)
         groups = groups or [""] * len(keys)
+        vectors: Sequence[bytes | None] = embeddings or [None] * len(keys)
         # The features are encoded before the write begins: on SQLite a write
         # holds every other writer of the database (other tenants' reports
         # too), and encoding them takes longer than storing them.
@@ -52,8 +54,8 @@ class TasksSql(TaskRowsSql):
         # Each row's tuple is made as it is written, not a million of them at once
         # (see core/domain.NewTasks).
         rows = (
-            (experiment_id, i, key, f, g or None)
-            for i, (key, f, g) in enumerate(zip(keys, encoded, groups, strict=True), start=expected_num_tasks)
+            (experiment_id, i, key, f, g or None, e)
+            for i, (key, f, g, e) in enumerate(zip(keys, encoded, groups, vectors, strict=True), start=expected_num_tasks)
         )
         try:
             with (
@@ -98,6 +100,7 @@ class TasksSql(TaskRowsSql):
         first_task: int = 0,
         lookup: Lookup | None = None,
         after_pool_event: int = 0,
+        embeddings: bool = False,
     ) -> LoadedRows | None:
         # A rebuild reads the checkpoint and the events after it: one snapshot.
         # Catching up reads append-only rows bounded by the experiment row.
@@ -130,6 +133,10 @@ class TasksSql(TaskRowsSql):
                     weak.append(w)
                     strong.append(s)
                     groups.append(g or "")
+            vectors: list[bytes] = []
+            if embeddings and first_task < experiment.num_tasks:
+                query = self._tasks_query(experiment_id, first_task, experiment.num_tasks, t.tasks.c.embedding)
+                vectors = [bytes(e) for e in conn.execute(query).scalars()]
             events = self._read_events(conn, experiment_id, after_step, experiment.step)
             batch = open_batches = None
             if lookup is not None:
@@ -140,7 +147,9 @@ class TasksSql(TaskRowsSql):
                 if lookup.leases_at is not None:
                     open_batches = _read_open_batches(conn, experiment_id, lookup.leases_at)
             pool_events = _read_pool_events(conn, experiment_id, after_pool_event)
-        return LoadedRows(experiment, keys, weak, strong, checkpoint, events, batch, open_batches, pool_events, groups)
+        return LoadedRows(
+            experiment, keys, weak, strong, checkpoint, events, batch, open_batches, pool_events, groups, vectors
+        )
 
     @staticmethod
     def _tasks_query(experiment_id: int, start: int, stop: int, *columns: Any) -> sa.Select[Any]:
