@@ -33,7 +33,7 @@ UV_INSTALL = $(UV) pip install $(foreach links,$(FIND_LINKS),--find-links $(link
 # took 253 s that way and 115 s with it cached (2026-11-27, 2 cores).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: serve test test-frameworks lint tools proto bench simulate soak dev-image image-lock clean
+.PHONY: serve test test-quick test-under-load test-frameworks lint tools proto bench simulate soak dev-image image-lock clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -70,6 +70,19 @@ PYTEST_WORKERS ?= 2
 
 test: $(TEST_STAMP) tools
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
+
+# The edit-test loop: the engine, core, store, client and API tests on SQLite
+# only (the PostgreSQL parameters deselected by name), no frameworks, no
+# benchmarks, no fault injection. `make test` before a push.
+QUICK_TESTS := tests/engine tests/core tests/store tests/api tests/client
+test-quick: $(TEST_STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -q -k "not postgresql and not pg" $(QUICK_TESTS) $(PYTEST_ARGS)
+
+# The suite beside a CPU hog (three busy processes a core: load 6+ on two
+# cores), RUNS times in a row; prints the load it ran under.
+test-under-load: $(TEST_STAMP) tools
+	$(BIN)/python scripts/test_under_load.py --runs $(or $(RUNS),1) -- \
+	  $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 # The real verl and Trinity-RFT adapter tests, in an environment of their
 # own: verl 0.7.x pins numpy < 2, which the main environment (numpy 2)
