@@ -1,4 +1,4 @@
-"""Event-log compaction end to end (docs/design-compaction.md): a server
+"""Event-log compaction end to end (docs/design.md, Bounded storage): a server
 that compacts behind every checkpoint gives the same batches and the same
 posterior, bit for bit, as one that keeps every event, across a SIGKILL; old
 retries get exact answers or a clear refusal; a replica whose copy is behind

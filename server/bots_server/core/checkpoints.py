@@ -26,7 +26,7 @@ class CheckpointPolicy:
     every_steps: int = 100
     every_seconds: float = 60.0
     # After each checkpoint, compact the event log up to this many steps
-    # before it (docs/design-compaction.md); 0 keeps every event.
+    # before it (docs/design.md, Bounded storage); 0 keeps every event.
     event_retention_steps: int = 0
 
 

@@ -1,5 +1,5 @@
 """Compaction horizon: the step through which an experiment's outcomes and
-its reported batches' tasks were removed (docs/design-compaction.md).
+its reported batches' tasks were removed (docs/design.md, Bounded storage).
 
 Revision ID: 0007
 Revises: 0006
