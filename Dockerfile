@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # The BOTS selection service: a small, non-root image whose entrypoint serves.
 #
-#   docker build -t bots-server:0.1.0 .
-#   docker run --rm -v bots-data:/data bots-server:0.1.0 migrate      # create / upgrade the schema
-#   docker run -d -p 50051:50051 -p 9464:9464 -v bots-data:/data bots-server:0.1.0
+#   docker build -t bots-server:0.2.0 .
+#   docker run --rm -v bots-data:/data bots-server:0.2.0 migrate      # create / upgrade the schema
+#   docker run -d -p 50051:50051 -p 9464:9464 -v bots-data:/data bots-server:0.2.0
 #
 # Schema migrations are a separate command on purpose: several replicas must
 # not each upgrade the schema while serving (Kubernetes runs `migrate` in an
@@ -38,7 +38,7 @@ RUN /opt/bots/bin/pip install --no-deps --no-build-isolation ./clients/python . 
 
 # -- runtime: the venv on a clean base, as an unprivileged user ---------------
 FROM ${PYTHON_IMAGE}
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 LABEL org.opencontainers.image.title="bots-server" \
       org.opencontainers.image.description="BOTS selection service: Bayesian online task selection for LLM RL finetuning, over gRPC" \
       org.opencontainers.image.licenses="Apache-2.0" \

@@ -38,6 +38,10 @@ from bots_client.types import (
     Task,
 )
 
+# The release, the same as bots-server's (see bots_server/__init__.py);
+# pyproject.toml reads it from here.
+__version__ = "0.2.0"
+
 __all__ = [
     "AlreadyExistsError",
     "AsyncClient",
