@@ -160,8 +160,11 @@ def ref_bots_update(
     n = state.num_tasks
     explicit_s = np.zeros(n)
     explicit_f = np.zeros(n)
-    explicit_s[tasks] = rate * m
-    explicit_f[tasks] = (1 - rate) * m
+    explicit_s[tasks] = rate * trials
+    explicit_f[tasks] = (1 - rate) * trials
+    # The weight of a task's prediction: m, and a reported task's own trials.
+    weight = np.full(n, float(m))
+    weight[tasks] = trials
     capability, c_hat = ref_capability(params, state, tasks, rate)
     previous_alpha, previous_beta = state.alpha, state.beta
     if params.track_prediction > 0:
@@ -185,8 +188,8 @@ def ref_bots_update(
         predicted = np.where(has_prediction, predicted, 0.0)
     # alpha's forgetting: keep_successes spares its share for tasks without both features
     lam_a = np.where(np.isnan(state.weak) | np.isnan(state.strong), lam * (1 - params.keep_successes), lam)
-    alpha = (1 - lam_a) * previous_alpha + lam_a * params.prior_alpha + (1 - rho_i) * explicit_s + rho_i * m * predicted
-    beta = (1 - lam) * previous_beta + lam * params.prior_beta + (1 - rho_i) * explicit_f + rho_i * m * (1 - predicted)
+    alpha = (1 - lam_a) * previous_alpha + lam_a * params.prior_alpha + (1 - rho_i) * explicit_s + rho_i * weight * predicted
+    beta = (1 - lam) * previous_beta + lam * params.prior_beta + (1 - rho_i) * explicit_f + rho_i * weight * (1 - predicted)
     return UpdateResult(PosteriorState(alpha, beta, state.weak, state.strong, capability, halvings), c_hat)
 
 

@@ -95,9 +95,11 @@ def ref_update(
         c_hat = NAN
         cap = capability
 
+    weight = {int(t): float(trials[j]) for j, t in enumerate(tasks)}  # a report weighs its own trials
     for i in range(n):
+        m_i = weight.get(i, m)
         if i in rate:
-            s_bar, f_bar = rate[i] * m, (1 - rate[i]) * m
+            s_bar, f_bar = rate[i] * m_i, (1 - rate[i]) * m_i
         else:
             s_bar = f_bar = 0.0
         if math.isnan(cap) or rho == 0:
@@ -108,8 +110,8 @@ def ref_update(
             rho_i, p = rho, min(1.0, max(0.0, weak[i] + (strong[i] - weak[i]) * cap))
         else:
             rho_i, p = 0.0, 0.0
-        new_alpha[i] = (1 - lam) * alpha[i] + lam * a0 + (1 - rho_i) * s_bar + rho_i * m * p
-        new_beta[i] = (1 - lam) * beta[i] + lam * b0 + (1 - rho_i) * f_bar + rho_i * m * (1 - p)
+        new_alpha[i] = (1 - lam) * alpha[i] + lam * a0 + (1 - rho_i) * s_bar + rho_i * m_i * p
+        new_beta[i] = (1 - lam) * beta[i] + lam * b0 + (1 - rho_i) * f_bar + rho_i * m_i * (1 - p)
     return new_alpha, new_beta, cap, c_hat
 
 
@@ -127,14 +129,15 @@ def same_float(a: float, b: float, rel: float = REL) -> bool:
 # 1. A small hand-made BOTS case
 # --------------------------------------------------------------------------
 
-# Five tasks, tasks 0 and 3 reported (4/10 and 7/10).
+# Five tasks, tasks 0 and 3 reported (rates 0.4 and 0.7, each of a full
+# group of m = 16 rollouts: 6.4/16 and 11.2/16, fractional rewards).
 CASE1_ALPHA = (2.0, 3.0, 1.0, 4.0, 1.0)
 CASE1_BETA = (2.0, 1.0, 5.0, 4.0, 1.0)
 CASE1_WEAK = (0.2, 0.4, 0.0, 0.5, 0.1)
 CASE1_STRONG = (0.6, 0.8, 0.4, 0.9, 0.5)
 CASE1_TASKS = ints(0, 3)
-CASE1_SUCC = arr(4, 7)
-CASE1_TRIALS = arr(10, 10)
+CASE1_SUCC = arr(6.4, 11.2)
+CASE1_TRIALS = arr(16, 16)
 # r = (0.4, 0.7); mean r = 0.55, mean w = (0.2 + 0.5)/2 = 0.35, mean s = (0.6 + 0.9)/2 = 0.75
 # c_hat = (0.55 - 0.35) / (0.75 - 0.35 + 1e-6) = 0.2 / 0.400001  (~0.49999875)
 CASE1_C = 0.2 / 0.400001
@@ -186,13 +189,31 @@ def test_bots_hand_case_selected_and_unselected_tasks() -> None:
     np.testing.assert_array_equal(result.state.strong, arr(*CASE1_STRONG))
 
 
+def test_a_report_weighs_its_own_trials_in_every_strategy() -> None:
+    """A group of n != m rollouts adds its own successes and failures to a
+    reported task, in bots, uniform and mopps alike; m stays the weight of
+    the prediction of the tasks not reported."""
+    tasks, successes, trials = CASE1_TASKS, arr(4, 7), arr(10, 10)  # 4/10 and 7/10
+    bots = apply_outcomes(EngineParams(), _case1(), tasks, successes, trials)
+    # task 0: 0.9*2 + 0.1 + 0.9*(0.4*10) + 0.1*10*0.4 = 1.9 + 4 ; beta 1.9 + 6
+    # task 3: 0.9*4 + 0.1 + 7 = 10.7 ; beta 3.7 + 3 = 6.7 ; task 1 as with m = 16
+    p1 = 0.4 + (0.8 - 0.4) * CASE1_C
+    assert bots.state.alpha[[0, 1, 3]].tolist() == approx([5.9, 2.8 + 1.6 * p1, 10.7])
+    assert bots.state.beta[[0, 1, 3]].tolist() == approx([7.9, 1.0 + 1.6 * (1 - p1), 6.7])
+    uniform = apply_outcomes(EngineParams(strategy="uniform"), _case1(), tasks, successes, trials)
+    mopps = apply_outcomes(EngineParams(strategy="mopps"), _case1(), tasks, successes, trials)
+    for other in (uniform, mopps):
+        assert other.state.alpha[[0, 3]].tolist() == approx([5.9, 10.7])
+        assert other.state.beta[[0, 3]].tolist() == approx([7.9, 6.7])
+
+
 def test_bots_hand_case_matches_scalar_reference() -> None:
     """The hand case also agrees with the loop re-statement of the formulas."""
     params = EngineParams()
     result = apply_outcomes(params, _case1(), CASE1_TASKS, CASE1_SUCC, CASE1_TRIALS)
     a, b, cap, c_hat = ref_update(
         params, list(CASE1_ALPHA), list(CASE1_BETA), list(CASE1_WEAK), list(CASE1_STRONG), NAN,
-        [0, 3], [4, 7], [10, 10],
+        [0, 3], [6.4, 11.2], [16, 16],
     )
     assert result.state.alpha.tolist() == approx(a)
     assert result.state.beta.tolist() == approx(b)
@@ -245,11 +266,12 @@ def test_capability_second_update_is_ema() -> None:
     p4_new = 0.1 + 0.4 * cap2
     assert second.state.alpha[4] == approx(0.9 * alpha4 + 0.1 + 1.6 * p4_new)
     assert second.state.beta[4] == approx(0.9 * beta4 + 0.1 + 1.6 * (1 - p4_new))
-    # the reported task 2: 0.9*alpha2 + 0.1 + 16*0.25 (explicit + implicit add up to m*r)
+    # the reported task 2: 0.9*alpha2 + 0.1 + 1 (explicit + implicit add up to
+    # the report's own 1 success and 3 failures: a report weighs its trials)
     alpha2 = 1.0 + 1.6 * (0.4 * CASE1_C)
     beta2 = 4.6 + 1.6 * (1 - 0.4 * CASE1_C)
-    assert second.state.alpha[2] == approx(0.9 * alpha2 + 0.1 + 4.0)
-    assert second.state.beta[2] == approx(0.9 * beta2 + 0.1 + 12.0)
+    assert second.state.alpha[2] == approx(0.9 * alpha2 + 0.1 + 1.0)
+    assert second.state.beta[2] == approx(0.9 * beta2 + 0.1 + 3.0)
 
 
 def test_capability_ema_uses_params_value() -> None:
@@ -335,13 +357,13 @@ def test_forgetting_and_prior_parameters() -> None:
     """lambda, m, a0 and b0 come from the params (lambda = 1 resets to prior + evidence)."""
     params = EngineParams(forgetting=1.0, implicit_weight=0.0, rollouts_per_task=8, prior_alpha=2.0, prior_beta=3.0)
     state = state_of((10, 20, 30), (5, 6, 7), (NAN,) * 3, (NAN,) * 3)
-    result = apply_outcomes(params, state, ints(1), arr(1), arr(4))
+    result = apply_outcomes(params, state, ints(1), arr(2), arr(8))
     # r = 0.25, s_bar = 2, f_bar = 6 ; all tasks reset to (2, 3)
     assert result.state.alpha.tolist() == approx([2.0, 4.0, 2.0])
     assert result.state.beta.tolist() == approx([3.0, 9.0, 3.0])
 
     params = EngineParams(forgetting=0.0, implicit_weight=0.0, rollouts_per_task=8)
-    result = apply_outcomes(params, state, ints(1), arr(1), arr(4))
+    result = apply_outcomes(params, state, ints(1), arr(2), arr(8))
     # no forgetting: unchanged except task 1: 20 + 2, 6 + 6
     assert result.state.alpha.tolist() == approx([10.0, 22.0, 30.0])
     assert result.state.beta.tolist() == approx([5.0, 12.0, 7.0])
@@ -351,12 +373,12 @@ def test_keep_successes_spares_alpha_its_share_of_the_forgetting() -> None:
     """keep_successes = k forgets alpha at lambda (1 - k), beta at lambda."""
     state = state_of((10, 20, 30), (5, 6, 7), (NAN,) * 3, (NAN,) * 3)
     params = EngineParams(forgetting=0.5, keep_successes=1.0, implicit_weight=0.0, rollouts_per_task=8)
-    result = apply_outcomes(params, state, ints(1), arr(1), arr(4))
+    result = apply_outcomes(params, state, ints(1), arr(2), arr(8))
     # alpha kept (10, 20 + 2, 30); beta 0.5 * b + 0.5: (3, 3.5 + 6, 4)
     assert result.state.alpha.tolist() == approx([10.0, 22.0, 30.0])
     assert result.state.beta.tolist() == approx([3.0, 9.5, 4.0])
     params = EngineParams(forgetting=0.5, keep_successes=0.5, implicit_weight=0.0, rollouts_per_task=8)
-    result = apply_outcomes(params, state, ints(1), arr(1), arr(4))
+    result = apply_outcomes(params, state, ints(1), arr(2), arr(8))
     # alpha forgets at 0.25: 0.75 a + 0.25 -> (7.75, 15.25 + 2, 22.75)
     assert result.state.alpha.tolist() == approx([7.75, 17.25, 22.75])
     assert result.state.beta.tolist() == approx([3.0, 9.5, 4.0])
@@ -399,7 +421,7 @@ def test_pool_without_any_features_acts_as_rho_zero() -> None:
     assert math.isnan(first.state.capability)
     assert math.isnan(first.capability_estimate)
 
-    second = apply_outcomes(params, first.state, ints(0, 2), arr(4, 0), arr(16, 8))
+    second = apply_outcomes(params, first.state, ints(0, 2), arr(4, 0), arr(16, 16))
     # task 0: 0.9*1.9 + 0.1 + 16*0.25 = 1.81 + 4 ; beta 0.9*1.0 + 0.1 + 12 = 13
     # task 2: 0.9*1.0 + 0.1 + 0 = 1.0 ; beta 0.9*3.7 + 0.1 + 16 = 3.43 + 16
     # task 1: 0.9*13 + 0.1 = 11.8 ; beta 0.9*5 + 0.1 = 4.6 ; task 3: 0.9*2.8 + 0.1 = 2.62 ; 0.9*1.9 + 0.1 = 1.81
@@ -452,7 +474,7 @@ def test_empty_report_decays_and_applies_known_capability() -> None:
 def test_fractional_successes_bots() -> None:
     """Non-binary rewards: a fractional success count enters as the rate r = k/n."""
     state = state_of((1, 1, 1), (1, 1, 1), (0.25, 0.5, 0.0), (0.75, 1.0, 0.5))
-    result = apply_outcomes(EngineParams(), state, ints(0), arr(2.5), arr(4))
+    result = apply_outcomes(EngineParams(), state, ints(0), arr(10.0), arr(16))
     # r = 0.625: s_bar = 10, f_bar = 6 -> task 0: 1 + 10 = 11, 1 + 6 = 7
     # c_hat = (0.625 - 0.25) / (0.75 - 0.25 + 1e-6) = 0.375 / 0.500001 (~0.75)
     c = 0.375 / 0.500001
@@ -500,9 +522,9 @@ def test_mopps_does_not_estimate_capability() -> None:
     result = apply_outcomes(params, _case1(), CASE1_TASKS, CASE1_SUCC, CASE1_TRIALS)
     assert math.isnan(result.state.capability)
     assert math.isnan(result.capability_estimate)
-    # task 0: 1.9 + 4, 1.9 + 6 ; task 3: 3.7 + 7, 3.7 + 3 ; tasks 1, 2, 4 unchanged
-    assert result.state.alpha.tolist() == approx([5.9, 3.0, 1.0, 10.7, 1.0])
-    assert result.state.beta.tolist() == approx([7.9, 1.0, 5.0, 6.7, 1.0])
+    # task 0: 1.9 + 6.4, 1.9 + 9.6 ; task 3: 3.7 + 11.2, 3.7 + 4.8 ; tasks 1, 2, 4 unchanged
+    assert result.state.alpha.tolist() == approx([8.3, 3.0, 1.0, 14.9, 1.0])
+    assert result.state.beta.tolist() == approx([11.5, 1.0, 5.0, 8.5, 1.0])
 
 
 # --------------------------------------------------------------------------
@@ -514,7 +536,7 @@ def test_pool_size_updates_only_the_prefix() -> None:
     """pool_size=n: the first n tasks update as if the pool had n tasks; later ones are unchanged."""
     # tasks 0-2 as in case 1 (tasks 0, 1, 2); tasks 3, 4 were added later
     state = state_of((2, 3, 1, 4, 5), (2, 1, 5, 4, 6), (0.2, 0.4, 0.0, 0.9, 0.1), (0.6, 0.8, 0.4, 1.0, 0.2))
-    result = apply_outcomes(EngineParams(), state, ints(0), arr(4), arr(10), pool_size=3)
+    result = apply_outcomes(EngineParams(), state, ints(0), arr(6.4), arr(16), pool_size=3)
     # r = 0.4 ; c = (0.4 - 0.2) / (0.6 - 0.2 + 1e-6) = 0.2 / 0.400001
     c = 0.2 / 0.400001
     p1, p2 = 0.4 + 0.4 * c, 0.4 * c

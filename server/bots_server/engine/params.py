@@ -90,7 +90,9 @@ class EngineParams:
         high=1.0,
     )
     implicit_weight: float = setting(0.1, "rho: weight of the plug-in's prediction", low=0.0, high=1.0)
-    rollouts_per_task: int = setting(16, "m: evidence scale of a reported rate", low=1, high=1_000_000)
+    rollouts_per_task: int = setting(
+        16, "m: the group size; the weight of a prediction (a report weighs its own trials)", low=1, high=1_000_000
+    )
     selection_mode: str = setting(
         "thompson",
         "thompson (Beta draw), mean (posterior mean), softmax (Beta draw, sampled with temperature), "
