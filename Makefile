@@ -58,7 +58,7 @@ $(LINT_STAMP): $(RUNTIME_STAMP) $(PYPROJECTS)
 	@touch $@
 
 serve: $(RUNTIME_STAMP)
-	@echo "== bots-server serve (settings: bots-server serve --help, or the BOTS_* variables in README.md)"
+	@echo "== bots-server serve (settings: bots-server serve --help, or the BOTS_* variables in docs/operations.md)"
 	$(BIN)/bots-server serve
 
 # pytest-xdist workers; 0 runs in one process. The suite mostly waits on
