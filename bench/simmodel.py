@@ -67,6 +67,13 @@ class WorldConfig:
     learning_rate: float = 0.8
     transfer: float = 0.3  # share of a task's signal that raises every skill
     memorisation: float = 1.0  # logit gained on a trained task itself, per unit of a_i r (1 - r)
+    # Task embeddings: "none"; "informative", a fixed random linear image of
+    # the task's skill (one-hot), difficulty and discrimination plus noise
+    # (sd `embedding_noise` per dimension), so it carries the learning
+    # structure but not the learner's per-task residual; "noise", pure noise.
+    embeddings: str = "none"
+    embedding_dim: int = 32
+    embedding_noise: float = 1.0
 
 
 # The worlds of the benchmark. "good": reference models that share the
@@ -78,6 +85,9 @@ WORLDS: dict[str, WorldConfig] = {
     "good": WorldConfig(),
     "poor": WorldConfig(reference_skill_sd=1.5, reference_idiosyncrasy_sd=2.0, reference_samples=4),
     "none": WorldConfig(references=False),
+    # No reference models; tasks carry embeddings that describe them, or noise.
+    "embed": WorldConfig(references=False, embeddings="informative"),
+    "embed-noise": WorldConfig(references=False, embeddings="noise"),
 }
 
 
@@ -115,6 +125,7 @@ class World:
     strong_theta: np.ndarray
     weak_ref: np.ndarray  # (N,) measured pass rates of the weak reference model
     strong_ref: np.ndarray  # (N,) ... of the strong one
+    embeddings: np.ndarray | None = None  # (N, embedding_dim) float32, or None (config.embeddings "none")
 
     @classmethod
     def generate(cls, config: WorldConfig, seed: int) -> World:
@@ -164,6 +175,7 @@ class World:
             strong_theta,
             weak_ref,
             strong_ref,
+            task_embeddings(config, seed, skill, difficulty, discrimination),
         )
 
     @property
@@ -223,6 +235,32 @@ class Learner:
     def rollout(self, idx: np.ndarray, trials: int, rng: np.random.Generator) -> np.ndarray:
         """Successes of `trials` attempts at each task in idx."""
         return rng.binomial(trials, self.pass_rates(idx))
+
+
+def task_embeddings(
+    config: WorldConfig, seed: int, skill: np.ndarray, difficulty: np.ndarray, discrimination: np.ndarray
+) -> np.ndarray | None:
+    """The tasks' embeddings (config.embeddings), from a generator of their
+    own so that the world's other draws stay as they were."""
+    if config.embeddings == "none":
+        return None
+    rng = np.random.default_rng([seed, 0xE3B])
+    n, dim = skill.shape[0], config.embedding_dim
+    if config.embeddings == "noise":
+        return rng.normal(0.0, 1.0, size=(n, dim)).astype(np.float32)
+    if config.embeddings != "informative":
+        raise ValueError(f"unknown embeddings {config.embeddings!r}; expected none, informative or noise")
+    described = np.concatenate(
+        [
+            np.eye(config.num_skills)[skill],
+            ((difficulty - config.difficulty_mean) / config.difficulty_sd)[:, None],
+            (np.log(discrimination / config.discrimination_median) / max(config.discrimination_log_sd, 1e-9))[:, None],
+        ],
+        axis=1,
+    )
+    image = rng.normal(0.0, 1.0 / math.sqrt(dim), size=(described.shape[1], dim))
+    noise = rng.normal(0.0, config.embedding_noise / math.sqrt(dim), size=(n, dim))
+    return (described @ image * math.sqrt(dim / described.shape[1]) + noise).astype(np.float32)
 
 
 def reference_correlations(world: World) -> tuple[float, float]:

@@ -172,7 +172,13 @@ ENGINES: tuple[Method, ...] = (
         settings=(("track_prediction", 0.5), ("implicit_reliability", 1.0), _EXPECTED),
     ),
 )
-METHODS = {m.name: m for m in (*MAIN, *ABLATIONS, *ENGINES)}
+# Cross-task prediction from task embeddings (worlds "embed" and
+# "embed-noise"): BOTS with embedding_weight pseudo-rollouts at most.
+EMBEDDING: tuple[Method, ...] = (
+    Method("bots-embed", "BOTS + cross-task prediction (embedding_weight=64)", group="embedding",
+           settings=(("embedding_weight", 64.0),)),
+)  # fmt: skip
+METHODS = {m.name: m for m in (*MAIN, *ABLATIONS, *ENGINES, *EMBEDDING)}
 # The lambda and rho sweeps, each with the default value and extremes from MAIN.
 LAMBDA_SWEEP = (("bots-lam0", 0.0), ("bots-lam0.03", 0.03), ("bots", 0.1), ("bots-lam0.3", 0.3), ("bots-lam1", 1.0))
 RHO_SWEEP = (("bots-explicit", 0.0), ("bots", 0.1), ("bots-rho0.3", 0.3), ("bots-rho0.6", 0.6), ("bots-implicit", 1.0))
@@ -210,9 +216,18 @@ class Selector(Protocol):
 class RemoteSelector:
     """An experiment on a real server over gRPC; tasks are the pool indices `pool`."""
 
-    def __init__(self, client: Any, name: str, config: Any, pool: np.ndarray, weak: np.ndarray, strong: np.ndarray):
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        config: Any,
+        pool: np.ndarray,
+        weak: np.ndarray,
+        strong: np.ndarray,
+        embeddings: np.ndarray | None = None,
+    ):
         self.client, self.name, self.config, self.pool = client, name, config, pool
-        self._weak, self._strong = weak, strong
+        self._weak, self._strong, self._embeddings = weak, strong, embeddings
         self._batch_id = ""
         self.select_s: list[float] = []
         self.report_s: list[float] = []
@@ -225,6 +240,7 @@ class RemoteSelector:
             bots_client.Task(
                 f"t{i}",
                 {} if math.isnan(self._weak[i]) else {"weak": float(self._weak[i]), "strong": float(self._strong[i])},
+                embedding=None if self._embeddings is None else self._embeddings[i],
             )
             for i in self.pool
         ]
@@ -259,14 +275,19 @@ class LocalSelector:
     """The server's engine in-process, with the server's seeding: the same
     batches and posteriors as RemoteSelector, without a server."""
 
-    def __init__(self, config: Any, pool: np.ndarray, weak: np.ndarray, strong: np.ndarray):
+    def __init__(
+        self, config: Any, pool: np.ndarray, weak: np.ndarray, strong: np.ndarray, embeddings: np.ndarray | None = None
+    ):
         from bots_server.engine import EngineParams, PosteriorState
 
         self.config, self.pool = config, pool
         self.params = EngineParams.of(config)
         self.position = {int(i): j for j, i in enumerate(pool)}
         self.state = PosteriorState.from_prior(
-            self.params, weak[pool].astype(np.float64), strong[pool].astype(np.float64)
+            self.params,
+            weak[pool].astype(np.float64),
+            strong[pool].astype(np.float64),
+            embeddings=None if embeddings is None else embeddings[pool],
         )
         self.step = 0
 
@@ -351,10 +372,13 @@ async def make_selector(
         raise ValueError("the band filter needs reference pass rates; this world has none")
     pool = band_pool(world, sim) if method.kind == "band" else np.arange(world.num_tasks)
     config = method.config(sim.rollouts, seed)
+    embeddings = world.embeddings
+    if embeddings is not None:
+        config = dataclasses.replace(config, embedding_dim=embeddings.shape[1])
     if client is None:
-        return LocalSelector(config, pool, world.weak_ref, world.strong_ref)
+        return LocalSelector(config, pool, world.weak_ref, world.strong_ref, embeddings)
     name = f"sim-{run_tag}-{sim.world_name}-{method.name}-s{seed}"
-    return await RemoteSelector(client, name, config, pool, world.weak_ref, world.strong_ref).open()
+    return await RemoteSelector(client, name, config, pool, world.weak_ref, world.strong_ref, embeddings).open()
 
 
 async def run_one(method: Method, seed: int, sim: SimConfig, client: Any | None, run_tag: str) -> dict[str, Any]:

@@ -184,3 +184,32 @@ def test_grpc_backend_gives_the_same_run_as_the_in_process_engine(sqlite_server:
     local = run_local(method, 5, sim)
     for field in ("accuracy", "rollouts", "informative", "capability", "posterior_error"):
         assert over_grpc[field] == local[field], field
+
+
+def test_informative_embeddings_carry_the_pass_rates_and_noise_ones_do_not() -> None:
+    def fit(kind: str) -> float:
+        world = World.generate(dataclasses.replace(TINY_WORLD, references=False, embeddings=kind), seed=1)
+        assert world.embeddings is not None and world.embeddings.shape == (TINY_WORLD.num_tasks, 32)
+        logit = np.log(p := world.success_prob(world.theta0)) - np.log(1 - p)
+        x = np.c_[np.ones(world.num_tasks), world.embeddings]
+        half = world.num_tasks // 2  # fitted on one half, checked on the other
+        coef, *_ = np.linalg.lstsq(x[:half], logit[:half], rcond=None)
+        return float(np.corrcoef(x[half:] @ coef, logit[half:])[0, 1])
+
+    assert fit("informative") > 0.7
+    assert abs(fit("noise")) < 0.3
+    assert World.generate(TINY_WORLD, seed=1).embeddings is None
+
+
+def test_grpc_backend_gives_the_same_cross_task_run_as_the_in_process_engine(sqlite_server: ServerProcess) -> None:
+    world = dataclasses.replace(TINY_WORLD, references=False, embeddings="informative")
+    sim = dataclasses.replace(TINY, world=world, world_name="embed", steps=12)
+
+    async def remote() -> dict:
+        async with bots_client.AsyncClient(sqlite_server.address) as client:
+            return await simulate.run_one(simulate.METHODS["bots-embed"], 5, sim, client, "t")
+
+    over_grpc = asyncio.run(remote())
+    local = run_local("bots-embed", 5, sim)
+    for field in ("accuracy", "rollouts", "informative", "posterior_error"):
+        assert over_grpc[field] == local[field], field
