@@ -58,6 +58,7 @@ def test_conversion_round_trips_a_config_with_every_field_changed() -> None:
         adaptive_rho_error=0.25, track_prediction=0.5, implicit_reliability=2.0, random_stream=1, keep_successes=0.5,
         adaptive_shares=0.5,
         weak_feature="w", strong_feature="s", seed=7, lease_ttl_seconds=60.0, embedding_dim=8, embedding_weight=4.0,
+        uniform_share=0.25,
     )  # fmt: skip
     assert all(getattr(config, n) != d for n, _, d in config_settings())
     assert convert.config_from_proto(convert.config_to_proto(config)) == config

@@ -68,6 +68,8 @@ class ExperimentConfig:
     # Cross-task prediction from the embeddings: at most this many pseudo-rollouts
     # at each task's predicted pass rate, times a calibrated trust (0: off).
     embedding_weight: float = 0.0
+    # The share of every batch drawn uniformly at random (0: off).
+    uniform_share: float = 0.0
 
 
 @dataclass(frozen=True)

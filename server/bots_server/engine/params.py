@@ -174,6 +174,15 @@ class EngineParams:
         high=1_000_000.0,
     )
 
+    uniform_share: float = setting(
+        0.0,
+        "share of every batch drawn uniformly at random from the available tasks before the strategy ranks the "
+        "rest (rounded to whole tasks; with group quotas, inert): a hedge for a learner on which the ranking "
+        "may not pay (docs/choosing-a-strategy.md; 0: off)",
+        low=0.0,
+        high=1.0,
+    )
+
     @classmethod
     def of(cls, config: Any) -> EngineParams:
         """The engine's parameters from any config with the same field names

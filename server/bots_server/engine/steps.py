@@ -35,10 +35,35 @@ def select(
         available = _candidates(available, n_available, batch_size, params.candidate_ratio, rng)
     if quotas is not None:
         return select_with_quotas(params, alpha, beta, available, batch_size, rng, quotas)
+    drawn = round(params.uniform_share * batch_size)
+    if drawn > 0:
+        return _with_uniform_share(params, alpha, beta, available, batch_size, drawn, rng)
     score = strategies.get(params.strategy).score(params, alpha, beta, rng)
     if available.all():
         return top_k(score, batch_size, rng)
     return top_k_available(score, available, batch_size, rng)
+
+
+def _with_uniform_share(
+    params: EngineParams,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    available: np.ndarray,
+    batch_size: int,
+    drawn: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """uniform_share: `drawn` tasks uniformly at random among the available
+    ones (drawn first, so the draw depends only on them), then the best of
+    the rest by the strategy's score; the uniform picks come last."""
+    uniform = rng.choice(np.flatnonzero(available), size=drawn, replace=False)
+    if drawn == batch_size:
+        return np.sort(uniform)
+    rest = available.copy()
+    rest[uniform] = False
+    score = strategies.get(params.strategy).score(params, alpha, beta, rng)
+    ranked = top_k_available(score, rest, batch_size - drawn, rng)
+    return np.concatenate([ranked, np.sort(uniform)])
 
 
 def top_k_available(score: np.ndarray, available: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
