@@ -22,7 +22,7 @@ import platform
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
@@ -33,7 +33,8 @@ from prometheus_client.registry import Collector
 from bots_server import logs
 from bots_server.core.observer import BatchSignals, PosteriorView, SelectorObserver
 from bots_server.engine.summary import MEAN_QUANTILES, SHARE_BANDS, TARGET_BAND
-from bots_server.metric_labels import OpaqueLabels
+from bots_server.metric_labels import Labeller, OpaqueLabels
+from bots_server.metrics_http import Access, serve
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +430,8 @@ class Metrics:
     """All of the server's metrics on one registry (not the global one, so
     several servers in one process, as in tests, do not collide)."""
 
-    def __init__(self, version: str = "", opaque_labels: bool = False) -> None:
+    def __init__(self, version: str = "", labeller: Labeller | None = None) -> None:
+        """`labeller`: opaque labels (metric_labels.py); None: names."""
         self.registry = CollectorRegistry(auto_describe=True)
         prometheus_client.ProcessCollector(registry=self.registry)
         prometheus_client.PlatformCollector(registry=self.registry)
@@ -439,7 +441,9 @@ class Metrics:
         )
         self.rpc = RpcMetrics(self.registry)
         experiments = ExperimentMetrics(self.registry)
-        self.observer: SelectorObserver = OpaqueLabels(experiments) if opaque_labels else experiments
+        self.observer: SelectorObserver = experiments if labeller is None else OpaqueLabels(experiments, labeller)
+        # The tenant label of bots_tenant_calls_total.
+        self.tenant_label: Callable[[str], str] = (lambda tenant: tenant) if labeller is None else labeller.tenant
         self.database_errors = Counter(
             "bots_database_errors_total",
             "Database errors by kind (unavailable, timeout, connection_lost, integrity, other).",
@@ -483,9 +487,9 @@ class Metrics:
             await asyncio.sleep(interval_s)
             self.loop_lag.observe(max(0.0, loop.time() - started - interval_s))
 
-    def serve_http(self, host: str, port: int) -> int:
+    def serve_http(self, host: str, port: int, access: Access | None = None) -> int:
         """Serve /metrics on a daemon thread; returns the bound port."""
-        server, _thread = prometheus_client.start_http_server(port, host, registry=self.registry)
+        server = serve(self.registry, host, port, access or Access())
         self._http = server
         return int(server.server_address[1])
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from bots_server import logs
 from bots_server.core.priority import DEFAULT_BULK_SHARE
-from bots_server.metric_labels import LABEL_MODES
+from bots_server.metric_labels import LABEL_MODES, MIN_KEY_CHARS, TENANT_LABEL_MODES
+from bots_server.metrics_http import Access
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,43 @@ SETTINGS = (
         "--metrics-labels",
         "BOTS_METRICS_LABELS",
         "auto",
-        "how metrics label experiments and groups: names, or opaque (tenant/<sha256 prefix of the name>) so the "
-        "unauthenticated metrics port shows no tenant's names; auto: opaque with a credentials file, else names",
+        "how metrics label experiments and groups: names, or opaque (tenant/<HMAC of the name keyed by "
+        "--metrics-label-key-file>) so that the metrics show no tenant's names and confirm none a scraper guesses; "
+        "auto: opaque with a credentials file, else names",
+    ),
+    Setting(
+        "--metrics-tenant-labels",
+        "BOTS_METRICS_TENANT_LABELS",
+        "names",
+        "names, or opaque: tenants appear in the metrics as t-<HMAC of the tenant> (with opaque --metrics-labels)",
+    ),
+    Setting(
+        "--metrics-label-key-file",
+        "BOTS_METRICS_LABEL_KEY_FILE",
+        "",
+        "file holding the secret (16 characters or more) that keys the opaque labels; the same key on every "
+        "replica and after restarts gives the same labels; none (and no BOTS_METRICS_LABEL_KEY): a key drawn "
+        "at start",
+    ),
+    Setting(
+        "--metrics-token-file",
+        "BOTS_METRICS_TOKEN_FILE",
+        "",
+        "file of bearer tokens, one per line: /metrics answers only a request that sends one "
+        "(Authorization: Bearer <token>), and 401 to any other",
+    ),
+    Setting(
+        "--metrics-tls-cert",
+        "BOTS_METRICS_TLS_CERT",
+        "",
+        "PEM certificate (chain) of the /metrics endpoint; with --metrics-tls-key: serve it over HTTPS only",
+    ),
+    Setting("--metrics-tls-key", "BOTS_METRICS_TLS_KEY", "", "PEM private key of --metrics-tls-cert"),
+    Setting(
+        "--metrics-tls-client-ca",
+        "BOTS_METRICS_TLS_CLIENT_CA",
+        "",
+        "PEM CA certificates: scrapers must present a client certificate they signed",
     ),
     Setting("--checkpoint-every-steps", "BOTS_CHECKPOINT_EVERY_STEPS", "100", "write a checkpoint every N steps"),
     Setting("--checkpoint-every-seconds", "BOTS_CHECKPOINT_EVERY_SECONDS", "60", "and at least every T seconds"),
@@ -63,7 +99,7 @@ SETTINGS = (
         "BOTS_EVENT_RETENTION_STEPS",
         "10000",
         "after each checkpoint, remove the outcomes and batch tasks of steps more than this many steps before it "
-        "(bounded storage; docs/design-compaction.md); 0: keep every event",
+        "(bounded storage; docs/design.md); 0: keep every event",
     ),
     Setting("--grace-seconds", "BOTS_GRACE_SECONDS", "20", "on SIGTERM, how long in-flight calls may finish"),
     Setting(
@@ -226,6 +262,18 @@ ENV_ONLY = (
         "",
         "comma-separated bearer tokens; with BOTS_AUTH_TOKENS_FILE, the union; none: no authentication",
     ),
+    Setting(
+        "",
+        "BOTS_METRICS_LABEL_KEY",
+        "",
+        "the secret that keys the opaque metrics labels (instead of --metrics-label-key-file)",
+    ),
+    Setting(
+        "",
+        "BOTS_METRICS_TOKEN",
+        "",
+        "comma-separated bearer tokens /metrics accepts; with BOTS_METRICS_TOKEN_FILE, the union",
+    ),
 )
 
 
@@ -236,6 +284,12 @@ class ServerSettings:
     metrics_listen: str = "127.0.0.1:9464"
     metrics_max_experiments: int = 1000
     metrics_labels: str = "auto"
+    metrics_tenant_labels: str = "names"
+    metrics_label_key: str = ""  # a secret: from a file or the environment only
+    metrics_tokens: frozenset[str] = frozenset()
+    metrics_tls_cert: str = ""
+    metrics_tls_key: str = ""
+    metrics_tls_client_ca: str = ""
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: float = 60.0
     event_retention_steps: int = 10_000
@@ -281,6 +335,10 @@ class ServerSettings:
     def auth(self) -> bool:
         return bool(self.auth_tokens or self.credentials_file)
 
+    @property
+    def metrics_access(self) -> Access:
+        return Access(self.metrics_tokens, self.metrics_tls_cert, self.metrics_tls_key, self.metrics_tls_client_ca)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
@@ -297,16 +355,34 @@ def split_host_port(address: str, what: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def auth_tokens(env_value: str, file: str) -> frozenset[str]:
+def auth_tokens(env_value: str, file: str, what: str = "--auth-tokens-file / BOTS_AUTH_TOKENS_FILE") -> frozenset[str]:
     tokens = {t.strip() for t in env_value.split(",")}
     if file:
         try:
             with open(file, encoding="utf-8") as f:
                 tokens |= {line.strip() for line in f if not line.lstrip().startswith("#")}
         except OSError as e:
-            raise SystemExit(f"--auth-tokens-file / BOTS_AUTH_TOKENS_FILE = {file!r}: {e.strerror}") from e
+            raise SystemExit(f"{what} = {file!r}: {e.strerror}") from e
     tokens.discard("")
     return frozenset(tokens)
+
+
+def metrics_label_key(env_value: str, file: str) -> str:
+    """The opaque labels' key: the file's content (stripped), else the
+    environment's; empty if neither is set."""
+    key = env_value.strip()
+    if file:
+        try:
+            with open(file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except OSError as e:
+            raise SystemExit(f"--metrics-label-key-file / BOTS_METRICS_LABEL_KEY_FILE = {file!r}: {e.strerror}") from e
+    if key and len(key) < MIN_KEY_CHARS:
+        raise SystemExit(
+            f"the metrics label key (--metrics-label-key-file / BOTS_METRICS_LABEL_KEY) has {len(key)} characters; "
+            f"at least {MIN_KEY_CHARS} are needed (e.g. `openssl rand -hex 32`)"
+        )
+    return key
 
 
 def _count(text: str, what: str, zero: bool = True) -> int:
@@ -369,6 +445,24 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit(
             f"--metrics-labels / BOTS_METRICS_LABELS = {args.metrics_labels!r}: expected one of {', '.join(LABEL_MODES)}"
         )
+    if args.metrics_tenant_labels not in TENANT_LABEL_MODES:
+        raise SystemExit(
+            f"--metrics-tenant-labels / BOTS_METRICS_TENANT_LABELS = {args.metrics_tenant_labels!r}: expected one of "
+            f"{', '.join(TENANT_LABEL_MODES)}"
+        )
+    if args.metrics_tenant_labels == "opaque" and args.metrics_labels == "names":
+        raise SystemExit(
+            "--metrics-tenant-labels opaque needs opaque experiment labels (--metrics-labels opaque or auto): "
+            "an experiment's name holds its tenant's"
+        )
+    if bool(args.metrics_tls_cert) != bool(args.metrics_tls_key):
+        raise SystemExit(
+            "--metrics-tls-cert and --metrics-tls-key (BOTS_METRICS_TLS_CERT, BOTS_METRICS_TLS_KEY): set both or neither"
+        )
+    if args.metrics_tls_client_ca and not args.metrics_tls_cert:
+        raise SystemExit(
+            "--metrics-tls-client-ca (BOTS_METRICS_TLS_CLIENT_CA) needs --metrics-tls-cert and --metrics-tls-key"
+        )
     if args.health_listen.strip():
         split_host_port(args.health_listen.strip(), "--health-listen / BOTS_HEALTH_LISTEN")
     metrics_listen = args.metrics_listen.strip()
@@ -381,6 +475,18 @@ def from_args(args: argparse.Namespace) -> ServerSettings:
             metrics_listen=metrics_listen,
             metrics_max_experiments=int(args.metrics_max_experiments),
             metrics_labels=args.metrics_labels,
+            metrics_tenant_labels=args.metrics_tenant_labels,
+            metrics_label_key=metrics_label_key(
+                os.environ.get("BOTS_METRICS_LABEL_KEY", ""), args.metrics_label_key_file
+            ),
+            metrics_tokens=auth_tokens(
+                os.environ.get("BOTS_METRICS_TOKEN", ""),
+                args.metrics_token_file,
+                "--metrics-token-file / BOTS_METRICS_TOKEN_FILE",
+            ),
+            metrics_tls_cert=args.metrics_tls_cert,
+            metrics_tls_key=args.metrics_tls_key,
+            metrics_tls_client_ca=args.metrics_tls_client_ca,
             checkpoint_every_steps=int(args.checkpoint_every_steps),
             checkpoint_every_seconds=float(args.checkpoint_every_seconds),
             event_retention_steps=_count(args.event_retention_steps, "--event-retention-steps"),

@@ -33,12 +33,16 @@ def free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, binary: str, workdir: Path, target: str) -> None:
+    def __init__(self, binary: str, workdir: Path, target: str, token_file: Path | None = None) -> None:
+        """`token_file`: scrape with the bearer token it holds (the server's --metrics-token-file)."""
         self.port = free_port()
+        job: dict[str, Any] = {"job_name": "bots-server", "static_configs": [{"targets": [target]}]}
+        if token_file is not None:
+            job["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(ALERTS)],
-            "scrape_configs": [{"job_name": "bots-server", "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": [job],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = open(workdir / "prometheus.log", "w")  # noqa: SIM115 - closed in stop()
@@ -88,8 +92,11 @@ class Prometheus:
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsServer, Prometheus, str]]:
     binary = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
-    server = MetricsServer(f"sqlite:///{tmp / 'bots.db'}").start()
-    prometheus = Prometheus(binary, tmp, f"127.0.0.1:{server.metrics_port}")
+    # The endpoint takes only scrapers with its token, as a shared server's would.
+    token_file = tmp / "metrics-token"
+    token_file.write_text("prometheus-scrape-token-0123456789\n")
+    server = MetricsServer(f"sqlite:///{tmp / 'bots.db'}", extra_args=["--metrics-token-file", str(token_file)]).start()
+    prometheus = Prometheus(binary, tmp, f"127.0.0.1:{server.metrics_port}", token_file)
     name = "scraped"
     try:
         with bots_client.Client(server.address) as client:
@@ -114,7 +121,10 @@ def scalar(result: dict[str, Any]) -> list[tuple[dict[str, str], float]]:
 
 
 def test_prometheus_scrapes_the_service_and_queries_back(scraped: tuple[MetricsServer, Prometheus, str]) -> None:
-    _, prometheus, name = scraped
+    server, prometheus, name = scraped
+    with pytest.raises(urllib.error.HTTPError) as refused:  # Prometheus sends the token; a plain scrape has none
+        server.scrape()
+    assert refused.value.code == 401
     up = eventually(lambda: scalar(prometheus.query('up{job="bots-server"}')), bool, timeout=60, what="a scrape")
     assert up[0][1] == 1.0
     selects = scalar(prometheus.query('grpc_server_handled_total{grpc_method="SelectBatch",grpc_code="OK"}'))

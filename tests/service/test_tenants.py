@@ -26,6 +26,7 @@ import pytest
 from bots_client.proto import bots_pb2 as pb
 from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_client.security import bearer as bearer_metadata
+from bots_server.metric_labels import Labeller
 from bots_server.service.auth import REQUIRED_ROLE
 from bots_server.testing.tenants import bearer, credentials_file
 from tests.support.servers import ServerProcess
@@ -41,6 +42,7 @@ PRINCIPALS = {
 }
 # A plain token (BOTS_AUTH_TOKENS) beside the credentials file.
 PLAIN_TOKEN = "plain-token-of-the-default-tenant"
+LABEL_KEY = "metrics-label-key-of-the-tenant-tests"
 READS = {"GetExperiment", "Snapshot", "ListGroups"}
 CHANGES = {
     "CreateExperiment", "ForkExperiment", "RestoreExperiment", "DeleteExperiment", "AddTasks", "SelectBatch",
@@ -58,7 +60,9 @@ def tenant_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     url = f"sqlite:///{tmp / 'tenants.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
     creds = credentials_file(tmp / "credentials.toml", PRINCIPALS)
     server = ServerProcess(
-        url, extra_args=["--credentials-file", str(creds)], env={"BOTS_AUTH_TOKENS": PLAIN_TOKEN}
+        url,
+        extra_args=["--credentials-file", str(creds)],
+        env={"BOTS_AUTH_TOKENS": PLAIN_TOKEN, "BOTS_METRICS_LABEL_KEY": LABEL_KEY},
     ).start()
     yield server
     server.stop()
@@ -282,16 +286,19 @@ def test_lineage_is_shown_like_any_name_and_withheld_across_tenants(callers: Cal
 
 
 def test_metrics_show_no_tenant_names(tenant_server: ServerProcess, callers: Callable[[str], Caller]) -> None:
-    """With a credentials file the unauthenticated metrics port labels an
-    experiment tenant/<12 hex digits of the SHA-256 of its stored name> and
-    a group g-<10 hex digits>: series per experiment, no names."""
+    """With a credentials file the metrics label an experiment
+    tenant/<16 hex digits of an HMAC of its stored name, keyed by the
+    server's label key> and a group g-<12 hex digits>: series per
+    experiment, no names (tests/ops/test_metrics_access.py: nor anything a
+    guess could be checked against)."""
     writer = callers("b-writer")
     name, group = f"secret-run-{uuid.uuid4().hex[:8]}", f"secret-group-{uuid.uuid4().hex[:8]}"
     assert writer.call("CreateExperiment", pb.CreateExperimentRequest(name=name))[0] == OK
     tasks = [pb.Task(key=f"k{i}", group=group) for i in range(4)]
     assert writer.call("AddTasks", pb.AddTasksRequest(experiment=name, tasks=tasks))[0] == OK
     assert writer.call("SelectBatch", pb.SelectBatchRequest(experiment=name, batch_size=2))[0] == OK
-    label = f"team-b/{hashlib.sha256(f'team-b/{name}'.encode()).hexdigest()[:12]}"
+    labels = Labeller(LABEL_KEY)
+    label = labels.experiment(f"team-b/{name}")
     series = f'bots_batches_selected_total{{experiment="{label}"}} 1.0'
     deadline = time.monotonic() + 10  # the metrics hooks run on a worker thread, after the call returns
     while True:
@@ -301,7 +308,8 @@ def test_metrics_show_no_tenant_names(tenant_server: ServerProcess, callers: Cal
             break
         time.sleep(0.1)
     assert series in text
-    assert f'group="g-{hashlib.sha256(group.encode()).hexdigest()[:10]}"' in text
+    assert f'group="{labels.group(group)}"' in text
+    assert hashlib.sha256(f"team-b/{name}".encode()).hexdigest()[:12] not in text
     assert name not in text and group not in text and "secret-" not in text
 
 

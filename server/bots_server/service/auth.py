@@ -66,11 +66,17 @@ def certificate_identities(context: grpc.aio.ServicerContext) -> list[str]:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, credentials: Callable[[], Credentials], tenant_calls: Counter | None = None) -> None:
+    def __init__(
+        self,
+        credentials: Callable[[], Credentials],
+        tenant_calls: Counter | None = None,
+        tenant_label: Callable[[str], str] = str,
+    ) -> None:
         """`credentials()`: those in force now (the file reloads);
-        `tenant_calls`: counter labelled (tenant, grpc_method, grpc_code)."""
+        `tenant_calls`: counter labelled (tenant_label(tenant), grpc_method, grpc_code)."""
         self.credentials = credentials
         self.tenant_calls = tenant_calls
+        self.tenant_label = tenant_label
         self.denials = DenialLog()
 
     def authenticate(self, header: str | None, context: grpc.aio.ServicerContext) -> Principal | str:
@@ -133,4 +139,5 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def _count(self, principal: Principal, method_name: str, code: grpc.StatusCode) -> None:
         if self.tenant_calls is not None:
-            self.tenant_calls.labels(principal.tenant, method_name, GO_CODE_NAMES.get(code, "Unknown")).inc()
+            code_name = GO_CODE_NAMES.get(code, "Unknown")
+            self.tenant_calls.labels(self.tenant_label(principal.tenant), method_name, code_name).inc()

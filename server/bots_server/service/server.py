@@ -114,6 +114,14 @@ def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     return cores
 
 
+def _labeller(settings: ServerSettings) -> metric_labels.Labeller | None:
+    """The metrics' opaque labels, or None for names."""
+    if not metric_labels.opaque(settings.metrics_labels, tenants=bool(settings.credentials_file)):
+        return None
+    key = metric_labels.key_or_drawn(settings.metrics_label_key, used=True)
+    return metric_labels.Labeller(key, opaque_tenants=settings.metrics_tenant_labels == "opaque")
+
+
 class BotsServer:
     """A running server. `port` is the bound port (useful with port 0)."""
 
@@ -123,10 +131,7 @@ class BotsServer:
         # address and the cores with the others; any other server has both alone.
         siblings = int(os.environ.get(SUPERVISED_ENV, "0") or 0)
         parallel.use_cores(max(1, usable_cores() // siblings) if siblings else usable_cores())
-        self.metrics = Metrics(
-            version=bots_server.__version__,
-            opaque_labels=metric_labels.opaque(settings.metrics_labels, tenants=bool(settings.credentials_file)),
-        )
+        self.metrics = Metrics(version=bots_server.__version__, labeller=_labeller(settings))
         self.credentials_file, credentials = _credentials(settings)
         self.store = open_store(settings.db, exclusive=True, on_error=self.metrics.database_error)
         try:
@@ -170,7 +175,7 @@ class BotsServer:
 
             interceptors.insert(0, TracingInterceptor())
         if credentials is not None:
-            interceptors.append(AuthInterceptor(credentials, self.metrics.tenant_calls))
+            interceptors.append(AuthInterceptor(credentials, self.metrics.tenant_calls, self.metrics.tenant_label))
         options = _REUSEPORT if siblings else _NO_REUSEPORT
         self.server = grpc.aio.server(interceptors=interceptors, options=options)
         self.metrics.rpc.initialize(method_labels(bots_pb2.DESCRIPTOR.services_by_name["TaskSelector"]), GO_CODE_NAMES.values())
@@ -272,7 +277,7 @@ class BotsServer:
             return
         host, port = split_host_port(self.settings.metrics_listen, "--metrics-listen")
         try:
-            self.metrics_port = self.metrics.serve_http(host, port)
+            self.metrics_port = self.metrics.serve_http(host, port, self.settings.metrics_access)
         except OSError as e:
             # Serving gRPC matters more than being scraped: keep going, loudly.
             # (In a pod the port is ours alone; collisions happen on shared

@@ -25,6 +25,7 @@ import functools
 import http.client
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -38,11 +39,13 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from bots_server import metric_labels
+from bots_server.metrics_http import serve
 from bots_server.settings import ServerSettings, split_host_port
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,10 @@ SUPERVISED_ENV = "BOTS_SUPERVISED"
 # its event loop once it serves (service/server.py).
 HEARTBEAT_ENV = "BOTS_HEARTBEAT_FILE"
 HEARTBEAT_SECONDS = 1.0
+# Given to each process: the token its /metrics takes, and the key of the
+# opaque labels (the configured one, or one the supervisor drew).
+METRICS_TOKEN_ENV = "BOTS_METRICS_TOKEN"
+METRICS_LABEL_KEY_ENV = "BOTS_METRICS_LABEL_KEY"
 _PR_SET_PDEATHSIG = 1
 # A process that exits within _STABLE_S of its start is started again after
 # _RESTART_DELAY_S, then twice as long after each further quick exit, up to
@@ -127,10 +134,13 @@ def _before_exec(supervisor: int) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
-def _scrape(port: int) -> str | None:
+def _scrape(port: int, token: str) -> str | None:
     """A process's /metrics, or None if it does not answer within 2 s."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2.0) as response:
+        with urllib.request.urlopen(request, timeout=2.0) as response:
             return str(response.read().decode())
     except (OSError, http.client.HTTPException):  # not started, gone, or killed mid-answer
         return None
@@ -139,8 +149,9 @@ def _scrape(port: int) -> str | None:
 class _ProcessMetrics(Collector):
     """Every process's /metrics, each series labelled with its process index."""
 
-    def __init__(self, ports: dict[int, int]) -> None:
+    def __init__(self, ports: dict[int, int], token: str) -> None:
         self.ports = ports
+        self.token = token
         # All at once: a scrape waits for the slowest process, not for the
         # sum of them (a stalled one takes the whole timeout).
         self._fetcher = ThreadPoolExecutor(max_workers=max(1, len(ports)), thread_name_prefix="bots-scrape")
@@ -148,7 +159,7 @@ class _ProcessMetrics(Collector):
     def collect(self) -> Iterable[Metric]:
         merged: dict[str, Metric] = {}
         ordered = sorted(self.ports.items())
-        texts = list(self._fetcher.map(lambda item: _scrape(item[1]), ordered))
+        texts = list(self._fetcher.map(lambda item: _scrape(item[1], self.token), ordered))
         answered = sum(text is not None for text in texts)
         for (index, _port), text in zip(ordered, texts):
             if text is None:
@@ -184,8 +195,16 @@ class Supervisor:
         self._due: dict[int, float] = {}  # process index -> when to start it again (it exited)
         self._heartbeats = Path(tempfile.mkdtemp(prefix="bots-heartbeats-"))
         self.stopping = threading.Event()
+        # The processes' own /metrics listen on loopback, over HTTP: when
+        # this server's endpoint takes only some scrapers, theirs take only
+        # this supervisor (a token of its own). And they share one key for
+        # the opaque labels, so that a series keeps its label across them.
+        access = settings.metrics_access
+        self._inner_token = secrets.token_urlsafe(32) if access.restricted or access.tls_cert else ""
+        opaque = metric_labels.opaque(settings.metrics_labels, tenants=bool(settings.credentials_file))
+        self._label_key = metric_labels.key_or_drawn(settings.metrics_label_key, used=opaque)
         self.registry = CollectorRegistry()
-        self.registry.register(_ProcessMetrics(self.metrics_ports))
+        self.registry.register(_ProcessMetrics(self.metrics_ports, self._inner_token))
         self.restarts = Counter(
             "bots_server_process_restarts", "server processes started again after they exited", registry=self.registry
         )
@@ -197,6 +216,8 @@ class Supervisor:
         overrides += ["--health-listen", self.health_listen] if self.health_listen else []
         if self.metrics_ports:
             overrides += ["--metrics-listen", f"127.0.0.1:{self.metrics_ports[index]}"]
+            overrides += ["--metrics-token-file", "", "--metrics-tls-cert", "", "--metrics-tls-key", ""]
+            overrides += ["--metrics-tls-client-ca", ""]
         # argparse keeps the last occurrence of a flag: the overrides win.
         return [sys.executable, "-m", "bots_server.cli", *self.argv, *overrides]
 
@@ -207,6 +228,7 @@ class Supervisor:
         heartbeat = self._heartbeat(index)
         heartbeat.unlink(missing_ok=True)  # a new process is starting, not stalled, until its first beat
         env = {**os.environ, SUPERVISED_ENV: str(self.count), HEARTBEAT_ENV: str(heartbeat)}
+        env |= {METRICS_TOKEN_ENV: self._inner_token, METRICS_LABEL_KEY_ENV: self._label_key}
         self.children[index] = subprocess.Popen(
             self._command(index), env=env, preexec_fn=functools.partial(_before_exec, os.getpid())
         )
@@ -218,8 +240,7 @@ class Supervisor:
         metrics_port = None
         if self.settings.metrics_listen:
             host, port = split_host_port(self.settings.metrics_listen, "--metrics-listen / BOTS_METRICS_LISTEN")
-            server, _thread = start_http_server(port, addr=host, registry=self.registry)
-            metrics_port = server.server_port
+            metrics_port = serve(self.registry, host, port, self.settings.metrics_access).server_port
         for index in range(self.count):
             self._start(index)
         log.info(
