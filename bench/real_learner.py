@@ -1,7 +1,7 @@
 """Real learners: small transformers trained from scratch by GRPO, with
 batches from a real BOTS server, against a uniform DataLoader.
 
-    .venv/bin/python -m bench.real_learner --quick          # 1 seed, short budgets (about 2.5 min on 2 cores)
+    .venv/bin/python -m bench.real_learner --quick          # 1 seed, 10 steps a family: a smoke test, to a scratch path
     nice -n 10 .venv/bin/python -m bench.real_learner       # 5 seeds, all families, all arms but the oracles
     nice -n 10 .venv/bin/python -m bench.real_learner --sources  # two sources a run: adaptive vs fixed shares
 
@@ -78,6 +78,14 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "bots-ref": {**REFERENCE},
     "bots-plus-ref": {"selection_mode": "expected", "track_prediction": 0.5, "forgetting": 0.05, **REFERENCE},
     "bots-keep": {"keep_successes": 1.0},
+    # Cross-task prediction (embedding_weight) from embeddings a trainer has
+    # (EMBEDDINGS): the base policy's mean hidden state of the prompt, or a
+    # fixed random-weights encoder's.
+    "bots-embed": {"embedding_weight": 64.0, "embed": "hidden"},
+    "bots-embed-enc": {"embedding_weight": 64.0, "embed": "encoder"},
+    # Half of every batch uniform at random (uniform_share): the hedge for a
+    # learner on which the ranking may not pay.
+    "bots-half": {"uniform_share": 0.5},
     # No service: each step the policy's own pass rates pick the batch (see
     # oracle_batch). Not engines: what selection by pass rate could reach.
     # Run only when named (--arms uniform,bots,oracle): a pass over the
@@ -96,7 +104,13 @@ DEFAULT_ARMS = tuple(name for name, arm in ARMS.items() if not (arm or {}).get("
 # No service: oracle=informative or oracle=unsolved, a batch picked with the
 # policy's current pass rates (oracle_batch); uniform=1, the shuffled
 # DataLoader (`--arm uniform-e0:uniform=1,entropy=0`).
-ARM_ONLY = ("report_spread", "share_min", "share_max", "first_share", "entropy", "oracle", "uniform")
+ARM_ONLY = ("report_spread", "share_min", "share_max", "first_share", "entropy", "oracle", "uniform", "embed")
+# embed=hidden: each task's embedding is the initial policy's mean final hidden
+# state over its prompt (BOS OP x_1 .. x_L), what a trainer's own model gives;
+# embed=encoder: the same from a fixed random-weights policy of the family's
+# shape (ENCODER_SEED), a stand-in for a generic text encoder.
+EMBEDDINGS = ("hidden", "encoder")
+ENCODER_SEED = 4242
 # --sources: every task's source (its group on the server) by its tier. Two
 # datasets of one family that a run mixes: a the short chains (lengths 1-3)
 # and the long ones; b the curated tasks (r >= 1) and the scraped ones
@@ -113,7 +127,7 @@ SOURCE_ARMS: dict[str, dict[str, Any] | None] = {
     "adaptive": {"adaptive_shares": 1.0, "share_min": 0.1, "share_max": 0.9},
     "adaptive-half": {"adaptive_shares": 0.5, "share_min": 0.1, "share_max": 0.9},
 }
-QUICK_STEPS = {"a": 40, "b": 30, "c": 30}  # --quick budgets (1 seed): a smoke test, not a result
+QUICK_STEPS = {"a": 10, "b": 10, "c": 10}  # --quick budgets (1 seed): a smoke test, not a result
 
 
 # -- the policy -----------------------------------------------------------------------
@@ -176,6 +190,13 @@ class Policy(nn.Module):
             h, kv = block(h, None if past is None else past[i])
             cache.append(kv)
         return self.head(self.ln(h)), cache
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final hidden states [rows, positions, d] of `tokens` from position 0."""
+        h = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))[None]
+        for block in self.blocks:
+            h, _ = block(h)
+        return self.ln(h)
 
     def prompt(self, pool: TaskPool, rows: torch.Tensor) -> torch.Tensor:
         return torch.stack([torch.full_like(rows, self.bos), self.op0 + pool.ops[rows]], dim=1)
@@ -321,6 +342,29 @@ def oracle_batch(policy: Policy, pool: TaskPool, spec: FamilySpec, rule: str, rn
     raise ValueError(f"unknown oracle rule {rule!r}: expected informative or unsolved")
 
 
+@torch.no_grad()
+def task_embeddings(kind: str, family: Family, init: Policy) -> np.ndarray:
+    """Every task's embedding [tasks, d] float32 (see EMBEDDINGS): the mean
+    final hidden state over its prompt BOS OP x_1 .. x_L, from the initial
+    policy (hidden) or from a random-weights policy (encoder)."""
+    if kind == "hidden":
+        encoder = init
+    elif kind == "encoder":
+        spec = family.spec
+        with torch.random.fork_rng():
+            torch.manual_seed(ENCODER_SEED)
+            encoder = Policy(spec.vocab, spec.max_len, spec.num_ops)
+    else:
+        raise ValueError(f"unknown embedding {kind!r}: expected one of {', '.join(EMBEDDINGS)}")
+    pool = family.pool
+    rows = torch.arange(len(pool))
+    tokens = torch.cat([encoder.prompt(pool, rows), pool.x], dim=1)
+    live = (torch.arange(tokens.shape[1])[None, :] < 2 + pool.lengths[:, None]).float()
+    hidden = encoder.hidden(tokens)
+    mean = (hidden * live[..., None]).sum(dim=1) / live.sum(dim=1, keepdim=True)
+    return mean.numpy().astype(np.float32)
+
+
 def reference_features(family: Family, seed: int, init: Policy, steps: int) -> list[dict[str, float]]:
     """Two reference pass rates per task, measured offline as with real
     reference models: "weak", the initial policy's; "strong", a reference
@@ -436,6 +480,13 @@ def train(
         config = bots_client.ExperimentConfig(**{"rollouts_per_task": spec.rollouts, "seed": seed, **fields})
         if config.weak_feature and features is None:
             raise ValueError(f"arm {arm!r} names reference features, but none were measured")
+        if overrides.get("embed"):
+            config = replace(config, embedding_dim=init.ln.normalized_shape[0])
+            _add_tasks_with_embeddings(
+                address, f"{spec.name}-{arm}-seed{seed}", config, pool.keys,
+                task_embeddings(str(overrides["embed"]), family, init),
+                features if config.weak_feature else None,
+            )  # fmt: skip
         curriculum = Curriculum(
             address, f"{spec.name}-{arm}-seed{seed}", pool.keys, batch_size=spec.batch, config=config,
             features=features if config.weak_feature else None,
@@ -507,6 +558,25 @@ def train(
         sampler.wait()  # the last report runs in the background: acknowledged (or raised) before closing
         sampler.curriculum.client.close()
     return policy if policy_out else curve
+
+
+def _add_tasks_with_embeddings(
+    address: str, experiment: str, config: Any, keys: Sequence[str], embeddings: np.ndarray,
+    features: Sequence[Mapping[str, float]] | None,
+) -> None:  # fmt: skip
+    """Create the experiment with its tasks and their embeddings (the
+    Curriculum then finds every task there)."""
+    import bots_client
+
+    with bots_client.Client(address) as client:
+        client.create_experiment(experiment, config)
+        client.add_tasks(
+            experiment,
+            (
+                bots_client.Task(key, {} if features is None else dict(features[i]), embedding=embeddings[i])
+                for i, key in enumerate(keys)
+            ),
+        )
 
 
 def source_shares(overrides: Mapping[str, Any], sources: Mapping[str, str] | None) -> dict[str, tuple[float, float]]:
@@ -715,13 +785,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; --quick: 1)")
     p.add_argument("--steps", type=int, default=None, help="the step budget of every family (default: per family)")
     p.add_argument("--no-stop-early", action="store_true", help="run the whole budget after the last target")
-    p.add_argument("--output", default=None, help="path without suffix (.json, .md); default results/real-learner[-sources]")
+    p.add_argument(
+        "--output", default=None,
+        help="path without suffix (.json, .md); default results/real-learner[-sources] (--quick: a scratch directory)",
+    )  # fmt: skip
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.families is None:
         args.families = ",".join(SOURCES if args.sources else FAMILIES)
     if args.output is None:
-        args.output = str(RESULTS / ("real-learner-sources" if args.sources else "real-learner"))
+        name = "real-learner-sources" if args.sources else "real-learner"
+        # a smoke run never overwrites the committed results
+        args.output = str(Path(scratch_dir()) / name) if args.quick else str(RESULTS / name)
     args.argv = ["python -m bench.real_learner", *(sys.argv[1:] if argv is None else argv)]
     return args
 

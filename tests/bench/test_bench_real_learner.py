@@ -54,6 +54,29 @@ def test_quick_run_covers_every_family_and_arm(tmp_path: Path) -> None:
         assert name in text
 
 
+def test_quick_never_writes_the_committed_results() -> None:
+    output = Path(real_learner.parse_args(["--quick"]).output)
+    assert output.parent != real_learner.RESULTS and real_learner.RESULTS not in output.parents
+    assert Path(real_learner.parse_args([]).output) == real_learner.RESULTS / "real-learner"
+
+
+def test_task_embeddings_describe_the_prompt_and_differ_by_encoder() -> None:
+    family = make_family("a", 2)
+    init = real_learner.initial_policy(family, 2)
+    hidden = real_learner.task_embeddings("hidden", family, init)
+    encoder = real_learner.task_embeddings("encoder", family, init)
+    assert hidden.shape == encoder.shape == (len(family.pool), 64) and hidden.dtype == np.float32
+    assert np.isfinite(hidden).all() and not np.allclose(hidden, encoder)
+    # the same prompt, the same embedding; a fixed encoder whatever the seed's policy
+    other_policy = real_learner.initial_policy(family, 3)
+    assert np.array_equal(encoder, real_learner.task_embeddings("encoder", family, other_policy))
+    lengths = family.pool.lengths.numpy()
+    # the prompt's length is in the embedding: a linear read-out separates short and long chains
+    x = np.c_[np.ones(len(hidden)), hidden]
+    coef, *_ = np.linalg.lstsq(x, lengths.astype(float), rcond=None)
+    assert np.corrcoef(x @ coef, lengths)[0, 1] > 0.9
+
+
 def test_same_seed_gives_identical_uniform_curves() -> None:
     family = make_family("a", 3)
     init = real_learner.initial_policy(family, 3)
