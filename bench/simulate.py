@@ -848,7 +848,7 @@ def markdown(summary: dict[str, Any], sim: SimConfig, info: dict[str, Any], back
             cell = f"{np.mean(at_budget):.0f} ± {np.std(at_budget, ddof=1) if len(at_budget) > 1 else 0:.0f}"
             cells.append(f"≥{cell} ({missed} missed)" if missed else cell)
         lines.append(f"| {e['label']} | " + " | ".join(cells) + " |")
-    for base in ("uniform", "oracle"):
+    for base in ("uniform", "oracle", *(["bots"] if any(m.startswith("bots-embed") for m in methods) else [])):
         if base not in methods:
             continue
         lines += [
@@ -870,11 +870,39 @@ def markdown(summary: dict[str, Any], sim: SimConfig, info: dict[str, Any], back
                 else:
                     cells.append(f"{r['mean']:.2f} ± {r['std']:.2f}" + (f" ({r['bounds']}b)" if r["bounds"] else ""))
             lines.append(f"| {e['label']} | " + " | ".join(cells) + " |")
+    lines += _over_targets(methods, keys)
     lines += ["", "Claims:", ""]
     for c in summary["claims"]:
         verdict = "HELD" if c["held"] else "DID NOT HOLD"
         lines.append(f"- **{verdict}**: {c['claim']}. {c['evidence']}.")
     return "\n".join(lines) + "\n"
+
+
+def _over_targets(methods: dict[str, Any], keys: Sequence[str]) -> list[str]:
+    """Each seed's ratio averaged over the targets, then mean ± standard
+    error over the seeds, against each baseline present."""
+    bases = [b for b in ("uniform", "bots") if b in methods]
+    if not bases:
+        return []
+    lines = [
+        "",
+        "Per seed, the ratio averaged over the targets (a miss at the budget); mean ± standard error over seeds:",
+        "",
+        "| method | " + " | ".join(f"vs {b}" for b in bases) + " |",
+        "|---|" + "---|" * len(bases),
+    ]
+    for name, e in methods.items():
+        cells = []
+        for base in bases:
+            per_target = [e["targets"][k].get(f"ratio_to_{base}") for k in keys]
+            if name == base or any(r is None or not r["per_seed"] for r in per_target):
+                cells.append("-")
+                continue
+            per_seed = np.mean([r["per_seed"] for r in per_target if r is not None], axis=0)
+            error = per_seed.std(ddof=1) / math.sqrt(per_seed.size) if per_seed.size > 1 else 0.0
+            cells.append(f"{per_seed.mean():.3f} ± {error:.3f} ({per_seed.size} seeds)")
+        lines.append(f"| {e['label']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # -- plots ---------------------------------------------------------------------------------
