@@ -10,6 +10,7 @@ import dataclasses
 import struct
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -140,7 +141,7 @@ def test_a_bad_embedding_rejects_the_whole_stream_and_stores_nothing(
     with pytest.raises(grpc.RpcError) as refused:
         stub.AddTasks(iter(stream))
     assert refused.value.code() == Code.INVALID_ARGUMENT, refused.value.details()
-    assert message in refused.value.details()
+    assert message in (refused.value.details() or "")
     after = client.snapshot(name, include_features=True)
     assert after.keys == before.keys == ["kept"]
     assert after.experiment.num_tasks == 1
@@ -164,14 +165,14 @@ def test_bad_embedding_dims_and_restored_vectors_are_refused(
     with pytest.raises(grpc.RpcError) as rpc_refused:
         stub.RestoreExperiment(iter([first]))
     assert rpc_refused.value.code() == Code.INVALID_ARGUMENT
-    assert "task 'b': embedding value #2 is inf" in rpc_refused.value.details()
+    assert "task 'b': embedding value #2 is inf" in (rpc_refused.value.details() or "")
     with pytest.raises(bots_client.BotsError) as missing:
         client.get_experiment(name)
     assert missing.value.code == Code.NOT_FOUND
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'emb.db'}"
         return
@@ -231,12 +232,12 @@ def test_a_restart_rebuilds_the_embeddings_from_the_tasks_rows(database: str, ho
     assert "embeddings" not in _checkpoint(database).arrays
 
 
-def test_an_experiment_s_memory_counts_its_embeddings(tmp_path) -> None:
+def test_an_experiment_s_memory_counts_its_embeddings(tmp_path: Path) -> None:
     """The memory budget (eviction) sees the vectors: the same pool with
     256-dimensional embeddings holds 1 KiB more per task, as float32."""
     tasks, dim = 500, 256
     with InProcessService(f"sqlite:///{tmp_path / 'memory.db'}") as service:
-        with bots_client.Client("in-process", channel=service.channel()) as client:
+        with bots_client.Client("in-process", channel=service.channel()) as client:  # type: ignore[arg-type]
             client.create_experiment("plain")
             client.add_tasks("plain", [Task(f"t{i}") for i in range(tasks)])
             client.create_experiment("embedded", ExperimentConfig(embedding_dim=dim))
@@ -247,7 +248,7 @@ def test_an_experiment_s_memory_counts_its_embeddings(tmp_path) -> None:
         assert live["embedded"].memory_bytes() - live["plain"].memory_bytes() == tasks * dim * 4
 
 
-def test_a_stream_s_embeddings_count_against_its_byte_bound(tmp_path) -> None:
+def test_a_stream_s_embeddings_count_against_its_byte_bound(tmp_path: Path) -> None:
     """An upload's bound in bytes (--max-stream-mb) counts the vectors it carries."""
     server = ServerProcess(f"sqlite:///{tmp_path / 'bound.db'}", extra_args=["--max-stream-mb", "1"]).start()
     try:

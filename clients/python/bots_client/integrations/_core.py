@@ -13,16 +13,20 @@ Nothing here imports torch or any trainer framework.
 from __future__ import annotations
 
 import collections
+import importlib
+import itertools
 import logging
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from bots_client._calls import OutcomeValue, config_differences, outcome_value
 from bots_client.client import Client
@@ -47,6 +51,41 @@ OutcomeMap = dict[str, OutcomeValue]
 # are forgotten (on the server their leases simply expire).
 MAX_OPEN_BATCHES = 64
 
+# An embedding function: a block of tasks' inputs (their prompts, say) ->
+# one vector per input (a sequence of float sequences, or a 2-D array).
+EmbedFn = Callable[[Sequence[Any]], Any]
+# Inputs per call of an embedding function: one forward pass of a model.
+EMBED_BLOCK = 64
+
+
+def embed_function(value: EmbedFn | str | None, where: str = "embed_fn") -> EmbedFn | None:
+    """An embedding function given in code, or named as "module:function"
+    (the form a framework's config file can carry); None: none."""
+    if value is None or callable(value):
+        return value
+    module, _, name = str(value).partition(":")
+    if not module or not name:
+        raise ValueError(f"{where} = {value!r}: name the embedding function as 'module:function'")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ValueError(f"{where} = {value!r}: module {module!r} has no function {name!r}")
+    return fn
+
+
+def embedded(embed_fn: EmbedFn, inputs: Iterable[Any], block: int = EMBED_BLOCK) -> Iterator[np.ndarray]:
+    """One float32 vector per input, in order: `embed_fn` applied to
+    blocks of `block` inputs (each call must give one vector per input, all
+    of one length)."""
+    it = iter(inputs)
+    while part := list(itertools.islice(it, block)):
+        vectors = np.asarray(embed_fn(part), dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] != len(part):
+            raise ValueError(
+                f"the embedding function gave an array of shape {vectors.shape} for {len(part)} inputs; "
+                "it must give one vector per input"
+            )
+        yield from vectors
+
 
 class UnattributedOutcomesError(ValueError):
     """Reported outcomes that cannot be filed under the batch their rollouts
@@ -59,6 +98,26 @@ class UnattributedOutcomesError(ValueError):
 class EmptyReportError(ValueError):
     """A report with no task outcomes at all (every reward None): the server
     would refuse it, and dropping it quietly would leave its batch leased."""
+
+
+class GroupSizeMismatchError(ValueError):
+    """The experiment's rollouts_per_task is not the trainer's group size
+    (the rollouts it runs per task). Raised at setup, before anything is
+    drawn: the service weighs the prediction of an unreported task as
+    rollouts_per_task rollouts and each report as the rollouts it holds."""
+
+
+def group_size_problem(experiment: str, rollouts_per_task: int, size: int, setting: str) -> str | None:
+    """Why `rollouts_per_task` does not fit `size` rollouts per task set by
+    the framework's `setting`; None when they are equal."""
+    if rollouts_per_task == size:
+        return None
+    return (
+        f"experiment {experiment!r} has rollouts_per_task = {rollouts_per_task} but the trainer runs {setting} = "
+        f"{size} rollouts per task: each report would hold {size} rollouts where the service expects "
+        f"{rollouts_per_task}. Set the experiment config's rollouts_per_task = {size} (a new experiment: "
+        f"rollouts_per_task is fixed once created), or {setting} = {rollouts_per_task}"
+    )
 
 
 @dataclass(frozen=True)
@@ -282,6 +341,12 @@ class Curriculum:
             from raise UnattributedOutcomesError (default). With
             strict=False they are dropped, logged and counted
             (`dropped_outcomes`, also in every CurriculumSignals).
+        embed_fn: each task's embedding, for an experiment with an
+            embedding_dim (docs/embeddings.md): called on blocks of
+            `embed_inputs` when tasks are added, one vector per input; a
+            function or its "module:function" name.
+        embed_inputs: what embed_fn is given per row (the prompts), aligned
+            with `keys`; default: the keys.
     """
 
     def __init__(
@@ -302,6 +367,8 @@ class Curriculum:
         posterior_means: bool = False,
         resume: bool = False,
         strict: bool = True,
+        embed_fn: EmbedFn | str | None = None,
+        embed_inputs: Sequence[Any] | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -317,6 +384,10 @@ class Curriculum:
             raise ValueError(f"got {len(groups)} groups for {len(self.keys)} task keys")
         # A task's group (e.g. its dataset, for group shares); None: none.
         self.groups = None if groups is None else ["" if g is None else str(g) for g in groups]
+        self.embed_fn = embed_function(embed_fn)
+        if embed_inputs is not None and len(embed_inputs) != len(self.keys):
+            raise ValueError(f"got {len(embed_inputs)} embedding inputs for {len(self.keys)} task keys")
+        self.embed_inputs = embed_inputs
         self.batch_size = int(batch_size)
         self.config = config
         self.request_prefix = request_prefix
@@ -369,6 +440,29 @@ class Curriculum:
         self.dropped_outcomes = 0
         self.listeners: list[Callable[[CurriculumSignals], None]] = []
         self.last_signals: CurriculumSignals | None = None
+
+    # The trainer's rollouts per task and the setting that names it
+    # (expect_group_size); None: the adapter cannot know it.
+    group_size: tuple[int, str] | None = None
+
+    def expect_group_size(self, size: int, setting: str) -> None:
+        """The trainer runs `size` rollouts per task, set by its `setting`
+        (e.g. "actor_rollout_ref.rollout.n"): the experiment's
+        rollouts_per_task must equal it. Checked now against the config this
+        curriculum would create the experiment with, and against the
+        experiment's own config at setup, before the first draw (now, if
+        set up already). Raises GroupSizeMismatchError."""
+        self.group_size = (int(size), str(setting))
+        if self.config is not None:
+            self._check_group_size(self.config.rollouts_per_task)
+        if self._ready:
+            self._check_group_size(self.client.get_experiment(self.experiment).config.rollouts_per_task)
+
+    def _check_group_size(self, rollouts_per_task: int) -> None:
+        if self.group_size is not None:
+            problem = group_size_problem(self.experiment, rollouts_per_task, *self.group_size)
+            if problem is not None:
+                raise GroupSizeMismatchError(problem)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -438,6 +532,7 @@ class Curriculum:
                 f"experiment {self.experiment!r} exists with another config ({'; '.join(differences)}); "
                 "name a new experiment for a new run, or pass the experiment's own config to continue it"
             )
+        self._check_group_size(exp.config.rollouts_per_task)
         if not self.resume and (exp.step > 0 or exp.open_batches > 0):
             raise ExperimentInUseError(
                 f"experiment {self.experiment!r} already has {exp.step} reported steps and {exp.open_batches} "
@@ -459,7 +554,7 @@ class Curriculum:
             missing = [i for i, k in enumerate(self.keys) if k not in present]
         if missing:
             try:
-                client.add_tasks(self.experiment, (self._task(i) for i in missing))
+                client.add_tasks(self.experiment, self._tasks(missing))
             except AlreadyExistsError:
                 # The client retries an upload after UNAVAILABLE; if the
                 # first attempt was applied (its answer lost in a server
@@ -492,10 +587,21 @@ class Curriculum:
         self.resume = True
         self.ensure_ready()
 
-    def _task(self, i: int) -> Task:
+    def _tasks(self, rows: Sequence[int]) -> Iterator[Task]:
+        """The tasks of these dataset rows, made one at a time (their
+        embeddings a block at a time)."""
+        if self.embed_fn is None:
+            yield from (self._task(i) for i in rows)
+            return
+        inputs = self.keys if self.embed_inputs is None else self.embed_inputs
+        vectors = embedded(self.embed_fn, (inputs[i] for i in rows))
+        for i, vector in zip(rows, vectors, strict=True):
+            yield self._task(i, vector)
+
+    def _task(self, i: int, embedding: np.ndarray | None = None) -> Task:
         features = {} if self.features is None else dict(self.features[i])
         group = "" if self.groups is None else self.groups[i]
-        return Task(self.keys[i], {k: float(v) for k, v in features.items()}, group)
+        return Task(self.keys[i], {k: float(v) for k, v in features.items()}, group, embedding)
 
     def _wait_for_setup(self) -> int:
         """Wait until the reporting rank set the experiment up; its step."""
@@ -504,6 +610,7 @@ class Curriculum:
             try:
                 exp = self.client.get_experiment(self.experiment)
                 if exp.num_tasks >= len(self.keys):
+                    self._check_group_size(exp.config.rollouts_per_task)
                     return exp.step
             except NotFoundError:
                 pass

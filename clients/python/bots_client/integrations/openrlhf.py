@@ -94,7 +94,7 @@ SCORES_AT_GENERATION = (
     "the OpenRLHF integration needs each rollout's score when it is generated: set --reward.remote_url "
     "(a reward function or a reward server) or --train.agent_func_path; a reward model scores too late"
 )
-OPTIONS = ("address", "experiment", "experiment_config", "success_threshold", "request_prefix", "resume")
+OPTIONS = ("address", "experiment", "experiment_config", "success_threshold", "request_prefix", "resume", "embed_fn")
 
 
 def task_key(datasource: Any, prompt: Any, label: Any, images: Any = None) -> str:
@@ -342,7 +342,10 @@ def build_stream(dataset: Any, args: Any) -> PromptStream:
         groups=[str(rows[i][0]) for i in unique],
         request_prefix=str(options.get("request_prefix", "step")),
         resume=bool(options.get("resume", False)),
+        embed_fn=options.get("embed_fn"),
+        embed_inputs=[rows[i][1] for i in unique],  # each row's prompt
     )
+    curriculum.expect_group_size(n, "--rollout.n_samples_per_prompt")
     threshold = options.get("success_threshold", 0.5)
     return PromptStream(
         curriculum,

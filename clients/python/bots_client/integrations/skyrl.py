@@ -54,12 +54,22 @@ from bots_client.integrations._core import (
     aggregate_outcomes,
     lazy_class,
 )
-from bots_client.integrations.verl_dataset import DEFAULT_KEY_FIELD, dataframe_keys, key_fields
+from bots_client.integrations.verl_dataset import DEFAULT_KEY_FIELD, dataframe_keys, frame_column, key_fields
 from bots_client.types import ExperimentConfig
 
 __all__ = ["BatchStream", "BotsPPOExp", "BotsRayPPOTrainer", "main", "stream_for"]
 
-OPTIONS = ("address", "experiment", "experiment_config", "key_field", "success_threshold", "request_prefix", "resume")
+OPTIONS = (
+    "address",
+    "experiment",
+    "experiment_config",
+    "key_field",
+    "success_threshold",
+    "request_prefix",
+    "resume",
+    "embed_fn",
+    "embed_field",
+)
 
 
 class BatchStream:
@@ -202,7 +212,10 @@ def stream_for(dataset: Any, cfg: Any, options: Mapping[str, Any]) -> BatchStrea
         rank=0,
         world_size=1,  # SkyRL's single controller owns the dataloader
         resume=str(options.get("resume", False)).lower() == "true",
+        embed_fn=options.get("embed_fn"),
+        embed_inputs=frame_column(dataset.dataframe, str(options["embed_field"])) if options.get("embed_field") else None,
     )
+    curriculum.expect_group_size(int(cfg.generator.n_samples_per_prompt), "generator.n_samples_per_prompt")
     threshold = options.get("success_threshold", 0.5)
     return BatchStream(
         curriculum,

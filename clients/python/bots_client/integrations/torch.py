@@ -39,6 +39,7 @@ from bots_client._calls import outcome_value
 from bots_client.integrations._core import (
     Curriculum,
     CurriculumSignals,
+    EmbedFn,
     OutcomeValue,
     SelectedBatch,
     aggregate_outcomes,
@@ -176,6 +177,8 @@ class _SamplerBase:
         resume: bool = False,
         strict: bool = True,
         overlap: bool = True,
+        embed_fn: EmbedFn | str | None = None,
+        embed_inputs: Sequence[Any] | None = None,
     ) -> None:
         if curriculum is None:
             if client is None or experiment is None or keys is None or batch_size is None:
@@ -194,6 +197,8 @@ class _SamplerBase:
                 posterior_means=posterior_means,
                 resume=resume,
                 strict=strict,
+                embed_fn=embed_fn,
+                embed_inputs=embed_inputs,
             )
         self.curriculum = curriculum
         world = curriculum.world_size

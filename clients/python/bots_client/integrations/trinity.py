@@ -94,6 +94,8 @@ _OWN_KWARGS = {
     "batch_size",
     "strict",
     "resume",
+    "embed_fn",
+    "embed_field",
 }
 _TRINITY_KWARGS = {"m", "lamb", "rho", "target_reward", "do_sample", "tau", "adaptive_rho"}
 
@@ -277,6 +279,8 @@ class BotsSelector:
             world_size=1,  # the explorer owns the taskset
             resume=resume,
             strict=strict,
+            embed_fn=kwargs.get("embed_fn"),
+            embed_inputs=list(dataset[kwargs["embed_field"]]) if kwargs.get("embed_field") else None,
         )
         self.current_index = 0  # samples handed out, as Trinity's selectors count
         self.step = 0  # the number of the next batch: one per get_indices call

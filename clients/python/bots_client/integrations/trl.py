@@ -59,6 +59,7 @@ from bots_client._calls import outcome_value
 from bots_client.errors import ExperimentInUseError
 from bots_client.integrations._core import (
     Curriculum,
+    EmbedFn,
     OutcomeValue,
     SelectedBatch,
     SignalLog,
@@ -188,6 +189,8 @@ class BotsGRPO:
         resume: bool = False,
         strict: bool = True,
         overlap: bool = True,
+        embed_fn: EmbedFn | str | None = None,
+        embed_column: str | None = None,
     ) -> None:
         if keys is None:
             if dataset is None:
@@ -197,6 +200,11 @@ class BotsGRPO:
             if dataset is None:
                 raise TypeError("group_column= reads the dataset: pass dataset= too")
             groups = list(dataset[group_column])
+        embed_inputs = None
+        if embed_column is not None:
+            if dataset is None:
+                raise TypeError("embed_column= reads the dataset: pass dataset= too")
+            embed_inputs = list(dataset[embed_column])
         self.key_column = key_column
         self.success_threshold = success_threshold
         self.num_batches = num_batches
@@ -213,6 +221,8 @@ class BotsGRPO:
             request_prefix=request_prefix,
             resume=resume,
             strict=strict,
+            embed_fn=embed_fn,
+            embed_inputs=embed_inputs,
         )
         self.trainer: Any = None
         self.overlap = overlap
@@ -240,12 +250,8 @@ class BotsGRPO:
             self.attach(trainer)
         if dataset is not None:
             self._check_dataset(dataset)
-        config = self.curriculum.config
-        if config is not None and config.rollouts_per_task != trainer.num_generations:
-            raise ValueError(
-                f"the experiment config has rollouts_per_task = {config.rollouts_per_task} but the trainer makes "
-                f"num_generations = {trainer.num_generations} completions per prompt; set them equal"
-            )
+        # Also an existing experiment's own rollouts_per_task, at setup.
+        self.curriculum.expect_group_size(int(trainer.num_generations), "num_generations")
         args = trainer.args
         workers = int(getattr(args, "dataloader_num_workers", 0) or 0)
         if workers:

@@ -58,6 +58,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from bots_client.integrations._core import (
@@ -425,6 +426,8 @@ class _CurriculumSampler(_BotsSampler):
         groups = dataset_field(data_source, str(group_field)) if group_field else None
         config_fields = options.get("experiment_config")
         config = ExperimentConfig(**config_fields) if config_fields is not None else None
+        embed_field = options.get("embed_field")
+        embed_inputs = dataset_field(data_source, str(embed_field)) if embed_field else None
         curriculum = Curriculum(
             address,
             str(experiment),
@@ -438,7 +441,10 @@ class _CurriculumSampler(_BotsSampler):
             world_size=1,  # verl's single controller owns the dataloader
             resume=resume,
             strict=strict,
+            embed_fn=options.get("embed_fn"),
+            embed_inputs=embed_inputs,
         )
+        expect_rollout_n(curriculum, options, trainer_config(), "data.sampler.")
         super().__init__(curriculum=curriculum, num_batches=options.get("batches_per_epoch"))
         self.data_source = data_source
         self._reported_early: set[str] = set()
@@ -560,6 +566,53 @@ class _Tracking:
 
 def _flag(options: Mapping[str, Any], name: str, default: bool) -> bool:
     return config_flag(options, name, default, "data.sampler.")
+
+
+ROLLOUT_N = "actor_rollout_ref.rollout.n"
+
+
+def trainer_config(*, depth: int = 32) -> Any:
+    """The whole config of the verl run building this data pipeline (verl
+    passes only its data section to the sampler and the dataset): the first
+    of the callers' `config` argument or `self.config` that has
+    actor_rollout_ref.rollout.n (verl's `TaskRunner.run(config)`, the v1
+    trainer's `_init_dataloader`, `RayPPOTrainer._create_dataloader`). None
+    where there is none (a sampler built outside verl's trainer)."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        for name in ("config", "self"):
+            candidate = frame.f_locals.get(name)
+            try:
+                if name == "self":
+                    candidate = getattr(candidate, "config", None)
+                n = _get(_get(_get(candidate, "actor_rollout_ref"), "rollout"), "n")
+            except Exception:  # an exotic object's attribute lookup: not verl's config
+                continue
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                return candidate
+        frame = frame.f_back
+    return None
+
+
+def expect_rollout_n(curriculum: Curriculum, options: Mapping[str, Any], trainer: Any, where: str) -> None:
+    """Hold the experiment's rollouts_per_task to verl's rollout.n, the
+    `rollout_n` option or the `trainer` config's (at once against the
+    experiment config given, and at setup against the experiment's own,
+    before the first draw); a WARNING where neither is known."""
+    n = options.get("rollout_n")
+    if n is None and trainer is not None:
+        n = _get(_get(_get(trainer, "actor_rollout_ref"), "rollout"), "n")
+    if n is None:
+        log.warning(
+            "cannot read %s (the sampler was not built by verl's trainer): set %srollout_n to it, so that the "
+            "experiment's rollouts_per_task is checked against it",
+            ROLLOUT_N,
+            where,
+        )
+        return
+    curriculum.expect_group_size(int(n), ROLLOUT_N if options.get("rollout_n") is None else f"{where}rollout_n")
 
 
 def _get(config: Any, name: str) -> Any:

@@ -71,7 +71,7 @@ from bots_client.integrations._core import (
     config_flag,
     lazy_class,
 )
-from bots_client.integrations.verl import _dig, _plain, batch_rewards, key_fields
+from bots_client.integrations.verl import _dig, _plain, batch_rewards, expect_rollout_n, key_fields, trainer_config
 from bots_client.types import ExperimentConfig
 
 __all__ = [
@@ -371,6 +371,14 @@ def _is_train(data_files: Any, config: Any) -> bool:
     )
 
 
+LEGACY_TRAINER = (
+    "trainer.use_v1=false: verl's legacy RayPPOTrainer calls on_batch_end after every step but the last, so the "
+    "last step's outcomes would never reach the service, and a resume from its checkpoints continues one batch "
+    "short. BotsRLDataset reports through the v1 trainer: set trainer.use_v1=true and "
+    "trainer.v1.sampler.custom_sampler.path=pkg://bots_client.integrations.verl_dataset, "
+    "trainer.v1.sampler.custom_sampler.name=BotsReplayBuffer (docs/integrations/verl09.md)"
+)
+
 # The train datasets of this process, for a replay buffer whose trainer it cannot reach.
 _TRAIN_DATASETS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
@@ -455,6 +463,7 @@ class _BotsRLDataset:
         threshold = options.get("success_threshold", 0.5)
         self.success_threshold = None if threshold is None else float(threshold)
         config_fields = options.get("experiment_config")
+        embed_field = options.get("embed_field")
         self.curriculum = Curriculum(
             str(address),
             str(experiment),
@@ -468,7 +477,15 @@ class _BotsRLDataset:
             world_size=1,  # verl's single controller owns the dataloader
             resume=config_flag(options, "resume", False, "data.bots."),
             strict=config_flag(options, "strict", True, "data.bots."),
+            embed_fn=options.get("embed_fn"),
+            embed_inputs=frame_column(self.dataframe, str(embed_field)) if embed_field else None,
         )
+        trainer = trainer_config()
+        if trainer is not None and not config_flag(
+            {"use_v1": _get(_get(trainer, "trainer"), "use_v1", True)}, "use_v1", True, "trainer."
+        ):
+            raise ValueError(LEGACY_TRAINER)
+        expect_rollout_n(self.curriculum, options, trainer, "+data.bots.")
         self.batches = DatasetBatches(self.curriculum, batches_per_epoch=options.get("batches_per_epoch"))
         # Reports run off the trainer's critical path unless asked otherwise;
         # their signals are logged with the step in which they finish.
