@@ -7,7 +7,11 @@ prediction off and on, and an update (one batch's outcomes) off and on.
 Reported: median, interquartile range and min-max of each, and the median of
 the per-repetition ratios (on / off).
 
-    nice .venv/bin/python -m bench.embedding_cost [--tasks 100000] [--dim 256] [--reps 15]
+    OPENBLAS_NUM_THREADS=1 nice .venv/bin/python -m bench.embedding_cost [--tasks 100000] [--dim 256] [--reps 15]
+
+OPENBLAS_NUM_THREADS=1: on a machine whose cores are all busy, OpenBLAS's
+worker threads wait for each other and a small product takes a hundred times
+longer; one thread measures the arithmetic.
 
 Writes bench/results/embedding-cost.json and .md.
 """
@@ -15,6 +19,7 @@ Writes bench/results/embedding-cost.json and .md.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -83,7 +88,8 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, info: dict[str, A
     lines = [
         "## Cost of the cross-task prediction",
         "",
-        f"`nice .venv/bin/python -m bench.embedding_cost --tasks {args.tasks} --dim {args.dim} --reps {args.reps}`: "
+        f"`OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')} nice .venv/bin/python -m "
+        f"bench.embedding_cost --tasks {args.tasks} --dim {args.dim} --reps {args.reps}`: "
         f"{args.tasks} tasks with {args.dim}-dimensional embeddings, batch {args.batch}, after {args.warm} steps "
         f"of reports; {args.reps} repetitions, off and on alternating which goes first.",
         "",

@@ -177,6 +177,8 @@ ENGINES: tuple[Method, ...] = (
 EMBEDDING: tuple[Method, ...] = (
     Method("bots-embed", "BOTS + cross-task prediction (embedding_weight=64)", group="embedding",
            settings=(("embedding_weight", 64.0),)),
+    Method("bots-half", "BOTS, half of every batch uniform (uniform_share=0.5)", group="embedding",
+           settings=(("uniform_share", 0.5),)),
 )  # fmt: skip
 METHODS = {m.name: m for m in (*MAIN, *ABLATIONS, *ENGINES, *EMBEDDING)}
 # The lambda and rho sweeps, each with the default value and extremes from MAIN.
