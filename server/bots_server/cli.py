@@ -255,7 +255,9 @@ def _show(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     with _connect(args) as client:
-        snap = client.snapshot(args.name)
+        # JSON lines carry each task's embedding too, when the experiment has them.
+        embedded = args.format == "jsonl" and client.get_experiment(args.name).config.embedding_dim > 0
+        snap = client.snapshot(args.name, include_features=embedded)
     if args.output == "-":
         _write_export(snap, args.format, sys.stdout)
         return 0
@@ -301,7 +303,8 @@ def _export_to_file(snap: Any, fmt: str, output: str) -> None:
 
 
 def _write_export(snap: Any, fmt: str, out: IO[str]) -> None:
-    """The snapshot's rows, one per task, as CSV or JSON lines."""
+    """The snapshot's rows, one per task, as CSV or JSON lines (those with
+    each task's embedding, when the snapshot has them)."""
     mean = snap.mean
     retired = snap.retired if snap.retired is not None else [False] * len(snap.keys)
     if fmt == "csv":
@@ -320,6 +323,8 @@ def _write_export(snap: Any, fmt: str, out: IO[str]) -> None:
                 "mean": float(mean[i]),
                 "retired": bool(retired[i]),
             }
+            if snap.embeddings is not None:
+                row["embedding"] = snap.embeddings[i].tolist()  # float32 values, exact as doubles
             out.write(json.dumps(row) + "\n")
 
 

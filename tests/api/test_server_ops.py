@@ -10,6 +10,7 @@ import sys
 import uuid
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -67,6 +68,16 @@ def test_cli_lists_shows_and_exports(server: ServerProcess) -> None:
     jsonl = cli(server, "export", name, "--format", "jsonl")
     records = [json.loads(line) for line in jsonl.stdout.splitlines()]
     assert [r["beta"] for r in records] == snap.beta.tolist()
+
+    embedded = f"cli-emb-{uuid.uuid4().hex[:8]}"
+    with bots_client.Client(server.address) as client:
+        client.create_experiment(embedded, ExperimentConfig(embedding_dim=3))
+        client.add_tasks(embedded, [Task("a", embedding=[0.1, -2.0, 1e-3]), Task("b", embedding=[1.0, 2.0, 3.0])])
+    jsonl = cli(server, "export", embedded, "--format", "jsonl")
+    records = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert np.array([r["embedding"] for r in records], dtype=np.float32).tobytes() == np.array(
+        [[0.1, -2.0, 1e-3], [1.0, 2.0, 3.0]], dtype=np.float32
+    ).tobytes()
 
     missing = cli(server, "experiments", "show", "nope")
     assert missing.returncode == 1
