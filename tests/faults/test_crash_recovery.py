@@ -12,7 +12,7 @@ import pytest
 from tests.support.crash import crash_run
 from tests.support.servers import create_pg_database, drop_pg_database, require_postgres
 
-KILLS = 10  # per backend and loop: 40 kill points in the suite; `make soak` (scripts/soak.py) runs many more
+KILLS = 6  # per backend and loop: 24 kill points in the suite; `make soak` (scripts/soak.py) runs 1000
 # Enough steps, and kills close enough together, that all KILLS land before
 # the run ends however fast a step is (a 3000-task checkpoint is one value
 # since revision 0004, so a step with its checkpoint takes a few ms: with
