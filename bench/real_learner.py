@@ -783,6 +783,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="one more arm: ExperimentConfig overrides (e.g. lambda05:forgetting=0.05); repeatable",
     )  # fmt: skip
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; --quick: 1)")
+    p.add_argument(
+        "--first-seed", type=int, default=0,
+        help="start the seeds there (first..first+N-1): runs of other seeds to merge (real_learner_summary --merge)",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=None, help="the step budget of every family (default: per family)")
     p.add_argument("--no-stop-early", action="store_true", help="run the whole budget after the last target")
     p.add_argument(
@@ -840,7 +844,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sources = SOURCES[fam] if args.sources else None
             print(f"family {fam} ({spec.name}): {spec.num_tasks} tasks, budget {budget} steps", flush=True)
             references: list[dict[str, Any]] = []
-            for seed in range(seeds):
+            for seed in range(args.first_seed, args.first_seed + seeds):
                 family = make_family(fam, seed, spec)
                 init = initial_policy(family, seed)
                 features = None
