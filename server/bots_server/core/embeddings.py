@@ -16,6 +16,7 @@ import numpy as np
 
 # As the API's bytes are: little-endian float32.
 DTYPE = np.dtype("<f4")
+_ROWS_PER_BLOCK = 4096
 
 
 def matrix(vectors: Sequence[bytes], dim: int) -> np.ndarray | None:
@@ -23,10 +24,12 @@ def matrix(vectors: Sequence[bytes], dim: int) -> np.ndarray | None:
     for an experiment without embeddings (dim 0)."""
     if dim == 0:
         return None
-    if not vectors:
-        return np.empty((0, dim), dtype=np.float32)
-    values = np.frombuffer(b"".join(vectors), dtype=DTYPE).reshape(len(vectors), dim)
-    return values.astype(np.float32)  # native order, owned and writable
+    values = np.empty((len(vectors), dim), dtype=np.float32)
+    # In blocks: the joined bytes of a block at a time, not a second copy of all.
+    for start in range(0, len(vectors), _ROWS_PER_BLOCK):
+        block = vectors[start : start + _ROWS_PER_BLOCK]
+        values[start : start + len(block)] = np.frombuffer(b"".join(block), dtype=DTYPE).reshape(len(block), dim)
+    return values
 
 
 def as_bytes(values: np.ndarray | None, start: int = 0, stop: int | None = None) -> list[bytes]:
