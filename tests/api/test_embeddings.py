@@ -262,3 +262,22 @@ def test_a_stream_s_embeddings_count_against_its_byte_bound(tmp_path: Path) -> N
             assert client.get_experiment("big").num_tasks == 40
     finally:
         server.kill()
+
+
+def test_an_upload_s_admission_charge_counts_what_its_embeddings_hold(tmp_path: Path) -> None:
+    """The memory an AddTasks call is admitted for counts each vector three
+    times (in the stream, as a bytes object, in the array): 1000 tasks of
+    1024 values (4 MB on the wire) need about 12 MiB, more than an 8 MiB budget."""
+    server = ServerProcess(f"sqlite:///{tmp_path / 'admit.db'}", extra_args=["--inflight-budget-mb", "8"]).start()
+    try:
+        with bots_client.Client(server.address, retry_timeout=5) as client:
+            client.create_experiment("wide", ExperimentConfig(embedding_dim=1024))
+            with pytest.raises(bots_client.BotsError) as refused:
+                client.add_tasks("wide", embedded_tasks("t", vectors(1000, 1024)))
+            assert refused.value.code == Code.RESOURCE_EXHAUSTED
+            assert "needs about 12 MB" in refused.value.message, refused.value.message
+            assert client.get_experiment("wide").num_tasks == 0
+            client.add_tasks("wide", embedded_tasks("t", vectors(400, 1024)))  # about 5 MB: fits
+            assert client.get_experiment("wide").num_tasks == 400
+    finally:
+        server.kill()

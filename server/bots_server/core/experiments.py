@@ -45,11 +45,6 @@ class Experiments:
         rt = self.runtime
         return summary(row, await rt.db(rt.store.count_open_batches, row.id, rt.clock()))
 
-    async def size(self, name: str) -> int:
-        """The experiment's number of tasks (NotFound if there is none): one
-        lookup, for a call that must know before it takes a stream."""
-        return (await self._row(name)).num_tasks
-
     async def shape(self, name: str) -> tuple[int, int]:
         """The experiment's number of tasks and embedding_dim (NotFound if
         there is none): one lookup, for a call that sizes its memory first."""

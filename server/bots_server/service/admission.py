@@ -136,8 +136,12 @@ class Charge:
             self.bytes = n
 
 
-def stream_cost(tasks: int, stream_bytes: int) -> int:
-    return tasks * BYTES_PER_STREAMED_TASK + stream_bytes
+def stream_cost(tasks: int, stream_bytes: int, embedding_bytes: int = 0) -> int:
+    """`embedding_bytes`: of one task's embedding (0: none). The stream's
+    bytes hold each once; the call holds it twice more (a bytes object per
+    task, then the experiment's array): bench/memory.py --embedding-dim 256
+    measured 3.0-3.1 KB/task more at the peak of an AddTasks call."""
+    return tasks * (BYTES_PER_STREAMED_TASK + 2 * embedding_bytes) + stream_bytes
 
 
 def snapshot_cost(tasks: int, include_features: bool, embedding_bytes: int = 0) -> int:

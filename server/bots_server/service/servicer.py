@@ -57,6 +57,7 @@ class _StreamBudget:
     def __init__(self, method: str, bounds: StreamBounds, charge: Charge) -> None:
         self.method, self.bounds, self.charge = method, bounds, charge
         self.tasks = self.bytes = 0
+        self.embedding_bytes = 0  # of each task's embedding: set once the experiment's embedding_dim is known
 
     def _too_many(self) -> ResourceExhausted:
         return ResourceExhausted(
@@ -81,8 +82,9 @@ class _StreamBudget:
             if message.total_tasks > self.bounds.max_tasks:
                 raise self._too_many()
             per_task = self.bytes / max(tasks, 1)
-            await self.charge.at_least(stream_cost(message.total_tasks, int(per_task * message.total_tasks)))
-        await self.charge.at_least(stream_cost(self.tasks, self.bytes))
+            announced = stream_cost(message.total_tasks, int(per_task * message.total_tasks), self.embedding_bytes)
+            await self.charge.at_least(announced)
+        await self.charge.at_least(stream_cost(self.tasks, self.bytes, self.embedding_bytes))
 
 
 async def _until_idle(
@@ -168,6 +170,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                     # an experiment (of any server) in a tenant the caller may use.
                     source = _name(chunk.source, "restore source") if chunk.source else ""
                     await self.core.experiments.refuse_taken(name)
+                    budget.embedding_bytes = 4 * chunk.config.embedding_dim
                 await budget.take(chunk, len(chunk.keys))
 
                 def take(chunk: pb.RestoreExperimentRequest = chunk) -> None:
@@ -240,7 +243,7 @@ class TaskSelectorServicer(pb_grpc.TaskSelectorServicer):
                         raise InvalidArgument("AddTasks: the first message must name the experiment")
                     name = _name(chunk.experiment)
                     # NOT_FOUND now, not after buffering a stream of a million tasks.
-                    await self.core.experiments.size(name)
+                    budget.embedding_bytes = 4 * (await self.core.experiments.shape(name))[1]
                 elif chunk.experiment and chunk.experiment != first.experiment:
                     raise InvalidArgument(
                         f"AddTasks: message names experiment {shown(chunk.experiment)} after {shown(first.experiment)}"
