@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,16 +72,27 @@ def test_no_log_line_per_call_at_the_default_level(metrics_server: MetricsServer
         client.create_experiment(name, ExperimentConfig(seed=2))
         client.add_tasks(name, [Task(f"t{i}") for i in range(10)])
         batch = client.select_batch(name, 2, request_key="s")
-        eventually(lambda: log_entries(metrics_server, "tasks added", experiment=name), bool)
-        time.sleep(0.5)  # let the log reader catch up with everything logged so far
-        before = len(metrics_server.log_lines)
+        # The log is read in order: once a marker's line is read, so is
+        # everything logged before it (no sleep that a busy machine outruns).
+        before = log_marker(client, metrics_server)
         for _ in range(20):  # calls that change nothing
             client.get_experiment(name)
             assert client.select_batch(name, 2, request_key="s").batch_id == batch.batch_id
         client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (1, 2)))  # a step
-        time.sleep(0.5)
-    new = metrics_server.log_lines[before:]
+        after = log_marker(client, metrics_server)
+    new = [e for e in metrics_server.log_lines[before + 1 : after] if not str(e.get("experiment", "")).startswith("mark")]
     assert len(new) <= 1, new  # at most the checkpoint the step may trigger
+
+
+def log_marker(client: bots_client.Client, server: MetricsServer) -> int:
+    """Logs a line of its own ("tasks added" for a new experiment) and
+    returns its index once the log reader has read it."""
+    name = unique("mark")
+    client.create_experiment(name)
+    client.add_tasks(name, [Task("m")])
+    eventually(lambda: log_entries(server, "tasks added", experiment=name), bool)
+    lines = list(server.log_lines)
+    return next(i for i, e in enumerate(lines) if e.get("message") == "tasks added" and e.get("experiment") == name)
 
 
 def test_debug_level_logs_one_access_line_per_call(tmp_path: Path) -> None:
