@@ -1,7 +1,7 @@
 """A first run: 100 synthetic tasks, 30 training steps, outcomes made up here.
 
-Start a server (`make serve`: 127.0.0.1:50051; BOTS_SERVER=HOST:PORT for
-another), then run `.venv/bin/python examples/quickstart.py`. Run it again:
+Start a server (`make serve`: 127.0.0.1:50051; BOTS_SERVER=HOST:PORT, or
+BOTS_ADDRESS, for another), then run `.venv/bin/python examples/quickstart.py`. Run it again:
 it resumes the same experiment where the last run stopped.
 """
 

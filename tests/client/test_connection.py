@@ -26,6 +26,10 @@ def test_from_env_reads_the_ops_commands_variables() -> None:
     assert Connection.from_env("other:1", env=env).target == "other:1"  # an explicit target wins
     assert not Connection.from_env(env={}).uses_tls and Connection.from_env(env={}).metadata() == ()
     assert Connection.from_env(env={"BOTS_TLS": "true"}).uses_tls
+    # BOTS_ADDRESS, the adapters' variable, when BOTS_SERVER is not set.
+    assert Connection.from_env(env={"BOTS_ADDRESS": "a:1"}).target == "a:1"
+    assert Connection.from_env(env={"BOTS_ADDRESS": "a:1", "BOTS_SERVER": "s:2"}).target == "s:2"
+    assert Connection.from_env(env={}).target == "127.0.0.1:50051"
     with pytest.raises(ValueError, match="both cert and key"):
         Connection.from_env(env={"BOTS_CLIENT_CERT": "/me.pem"})
 

@@ -7,7 +7,8 @@ reconnects with the same credentials.
 
 The environment variables are those of the `bots-server` ops commands:
 
-    BOTS_SERVER       host:port (default 127.0.0.1:50051)
+    BOTS_SERVER       host:port (default 127.0.0.1:50051); BOTS_ADDRESS, the
+                      framework adapters' name for it, when BOTS_SERVER is unset
     BOTS_TOKEN        bearer token
     BOTS_TLS          "1"/"true": TLS with the system's CA roots
     BOTS_TLS_CA       PEM file of the CA of the server's certificate (implies TLS)
@@ -49,10 +50,11 @@ class Connection:
 
     @classmethod
     def from_env(cls, target: str | None = None, env: Mapping[str, str] | None = None) -> Connection:
-        """From BOTS_* variables; `target`, when given, wins over BOTS_SERVER."""
+        """From BOTS_* variables; `target`, when given, wins over BOTS_SERVER
+        (and BOTS_ADDRESS, which the framework adapters read)."""
         env = os.environ if env is None else env
         return cls(
-            target=target or env.get("BOTS_SERVER", "") or DEFAULT_SERVER,
+            target=target or env.get("BOTS_SERVER", "") or env.get("BOTS_ADDRESS", "") or DEFAULT_SERVER,
             tls=env.get("BOTS_TLS", "").lower() in _TRUE,
             ca=env.get("BOTS_TLS_CA", ""),
             cert=env.get("BOTS_CLIENT_CERT", ""),
