@@ -8,8 +8,9 @@ databases that 0.1.0 wrote in production; tests/store/test_upgrade_from_v0_1.py
 checks that every later version upgrades them in place and serves exactly what
 0.1.0 served. Regenerating them with a later version would only test that
 version against itself. The script refuses to run unless the installed
-bots-server is 0.1.0 at schema revision 0002 (check out the 0.1.0 commit to
-run it again, e.g. to check that it is deterministic).
+bots-server is 0.1.0 at schema revision 0002 (check out 3a864f4, the 0.1.0
+code of 974ea16 with this script, to run it again, e.g. to check that it is
+deterministic; CHANGELOG.md lists the releases).
 
 How the fixture was made, once on SQLite and once on a fresh PostgreSQL
 database, with the 0.1.0 server (`bots-server serve` in a child process,
