@@ -4,6 +4,7 @@ the tasks arrived, on SQLite and PostgreSQL.
     .venv/bin/python -m bench.memory                                  # 1M tasks, both backends, 3 repeats
     .venv/bin/python -m bench.memory --pool 100000 --backends sqlite --repeats 1
     .venv/bin/python -m bench.memory --baseline /path/to/other/checkout   # interleave that code's server
+    .venv/bin/python -m bench.memory --pool 100000 --embedding-dim 256    # tasks with 256-value embeddings
 
 Per backend and repeat, on a fresh database and a `bots-server serve` child
 process, resident memory (VmRSS) and peak (VmHWM) read from /proc:
@@ -11,8 +12,9 @@ process, resident memory (VmRSS) and peak (VmHWM) read from /proc:
 - `small`: --small experiments of 10 tasks, each created, filled and
   selected from (so held in memory): bytes per experiment;
 - `added`: one experiment of --pool tasks (12-character keys, the two
-  reference features each) sent through AddTasks, then 5 select+report
-  cycles: bytes per task resident after, and the peak during the call;
+  reference features each, and with --embedding-dim an embedding of that
+  many values) sent through AddTasks, then 5 select+report cycles: bytes
+  per task resident after, and the peak during the call;
 - `rebuilt`: after a graceful stop (which checkpoints), a new process whose
   first select rebuilds the pool from the database: bytes per task.
 
@@ -28,6 +30,7 @@ the same load. Writes bench/results/memory.json (or --output).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import sys
@@ -47,12 +50,19 @@ CYCLES = 5
 BATCH = 256
 
 
-def tasks(prefix: str, n: int) -> Iterator[Any]:
+def tasks(prefix: str, n: int, embedding_dim: int = 0) -> Iterator[Any]:
+    import numpy as np
+
     from bots_client import Task
 
+    rng = np.random.default_rng(0)
+    vectors = None
     for i in range(n):
         weak = (i % 97) / 97
-        yield Task(f"{prefix}{i:010d}", {"weak": weak, "strong": min(1.0, weak + 0.3)})
+        if embedding_dim and i % 1000 == 0:
+            vectors = rng.standard_normal((1000, embedding_dim), dtype=np.float32)
+        embedding = None if vectors is None else vectors[i % 1000]
+        yield Task(f"{prefix}{i:010d}", {"weak": weak, "strong": min(1.0, weak + 0.3)}, embedding=embedding)
 
 
 def estimate(server: Any) -> int | None:
@@ -90,6 +100,7 @@ def run_once(backend: str, url: str, args: argparse.Namespace, code: str | None)
     config = ExperimentConfig(seed=1, weak_feature="weak", strong_feature="strong")
     n = args.pool
     out: dict[str, Any] = {"backend": backend, "pool": n, "code": code or "this checkout", "small": args.small}
+    out["embedding_dim"] = args.embedding_dim
     server = start(url, code)
     try:
         pid = server.proc.pid
@@ -104,9 +115,9 @@ def run_once(backend: str, url: str, args: argparse.Namespace, code: str | None)
             out["bytes_per_small_experiment"] = (small - idle) / max(1, args.small)
             out["estimate_per_small_experiment"] = (estimate(server) or 0) / max(1, args.small)
             small_estimate = estimate(server) or 0
-            client.create_experiment("big", config)
+            client.create_experiment("big", dataclasses.replace(config, embedding_dim=args.embedding_dim))
             started = time.perf_counter()
-            client.add_tasks("big", tasks("m", n))
+            client.add_tasks("big", tasks("m", n, args.embedding_dim))
             out["add_tasks_s"] = time.perf_counter() - started
             rss, hwm = common.rss_bytes(pid)
             cycles(client, "big", "added")
@@ -188,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool", type=int, default=1_000_000)
     parser.add_argument("--small", type=int, default=300, help="experiments of 10 tasks before the pool")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--embedding-dim", type=int, default=0, help="each pool task's embedding length (0: none)")
     parser.add_argument("--baseline", default=None, help="a checkout whose server runs interleaved with this one")
     parser.add_argument("--output", default=str(common.RESULTS / "memory.json"))
     return parser
