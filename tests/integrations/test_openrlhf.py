@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 import bots_client
+from bots_client.integrations import GroupSizeMismatchError
 from bots_client.integrations._core import Curriculum
 from bots_client.integrations.openrlhf import PromptStream, _bots_options, build_stream, main, task_key
 from tests.integrations.conftest import EXACT, counts, need
@@ -627,6 +628,13 @@ def test_real_openrlhf_settings_that_would_lose_a_reward_are_refused_at_start(
     args.bots["key"] = "id"
     with pytest.raises(ValueError, match="unknown --bots options"):
         build_stream([], args)
+    del args.bots["key"]
+    # rollouts_per_task other than the group size, given explicitly.
+    scored = openrlhf_args([*base, "--reward.remote_url", "reward.py", "--rollout.n_samples_per_prompt", "3"])
+    scored.bots = {**args.bots, "experiment_config": {"rollouts_per_task": 16}}
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs "
+                                                     "--rollout.n_samples_per_prompt = 3"):  # fmt: skip
+        build_stream([("src", f"prompt {i}", "label") for i in range(4)], scored)
     with pytest.raises(ValueError, match="needs --bots.address and --bots.experiment"):
         main(["--bots.address", address, "--train.async_enable"])
     with pytest.raises(SystemExit, match="needs each rollout's score when it is generated"):

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 import bots_client
-from bots_client.integrations import UnattributedOutcomesError
+from bots_client.integrations import GroupSizeMismatchError, UnattributedOutcomesError
 from bots_client.integrations._core import Curriculum
 from bots_client.integrations.skyrl import BatchStream, bots_options, main
 from tests.integrations.conftest import EXACT, counts, need
@@ -433,3 +433,14 @@ def test_real_skyrl_a_dataset_without_task_keys_is_refused_at_start(
         stream_for(dataset, cfg, options)
     with pytest.raises(ValueError, match="unknown bots options"):
         stream_for(dataset, SkyRLTrainConfig(), {**options, "keys": "id"})
+    # rollouts_per_task other than n_samples_per_prompt: given, or an existing experiment's own (at the first draw).
+    cfg = SkyRLTrainConfig()
+    cfg.generator.n_samples_per_prompt = 3
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs "
+                                                     "generator.n_samples_per_prompt = 3"):  # fmt: skip
+        stream_for(dataset, cfg, {**options, "experiment_config": {"rollouts_per_task": 16}})
+    bots_client.Client(address).create_experiment(exp_name, EXACT)
+    stream = stream_for(dataset, cfg, options)  # n_samples_per_prompt for a new experiment, not this one's 16
+    with pytest.raises(bots_client.ConfigMismatchError, match="rollouts_per_task"):
+        next(iter(stream))
+    assert bots_client.Client(address).get_experiment(exp_name).open_batches == 0

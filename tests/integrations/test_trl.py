@@ -21,7 +21,7 @@ from tests.integrations.conftest import EXACT, counts, need
 
 torch = need("torch")
 
-from bots_client.integrations._core import Curriculum, UnattributedOutcomesError
+from bots_client.integrations._core import Curriculum, GroupSizeMismatchError, UnattributedOutcomesError
 from bots_client.integrations.trl import BotsGRPO, BotsRepeatSampler
 
 N_TASKS = 12
@@ -452,11 +452,16 @@ def test_real_grpo_trainer_refuses_mismatches_at_start(
     bots = BotsGRPO(address, exp_name, keys=keys[::-1], config=GRPO_EXACT)
     with pytest.raises(ValueError, match="not in the order of BotsGRPO's keys.*row 0 is 'task-0', key 0 is 'task-11'"):
         _trainer(bots, train, tmp_path).train()
-    # An evidence scale other than the group size.
+    # A rollouts_per_task other than the group size: in the config given ...
     bots = BotsGRPO(address, exp_name, dataset=train, config=EXACT)
-    with pytest.raises(ValueError, match="rollouts_per_task = 16 but the trainer makes num_generations = 4"):
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs num_generations = 4"):
         _trainer(bots, train, tmp_path).train()
     assert exp_name not in {e.name for e in client.list_experiments()}  # refused before setup
+    # ... or in an existing experiment's own config, continued without one: refused before the first draw.
+    client.create_experiment(f"{exp_name}-16", EXACT)
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs num_generations"):
+        _trainer(BotsGRPO(address, f"{exp_name}-16", dataset=train), train, tmp_path).train()
+    assert client.get_experiment(f"{exp_name}-16").open_batches == 0
     # Dataloader workers would draw batches ahead, from stale posteriors.
     bots = BotsGRPO(address, exp_name, dataset=train, config=GRPO_EXACT)
     with pytest.raises(ValueError, match="dataloader_num_workers = 2"):

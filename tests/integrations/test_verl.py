@@ -38,7 +38,7 @@ from tests.integrations.conftest import EXACT, counts, need
 torch = need("torch")
 from torch.utils.data import DataLoader
 
-from bots_client.integrations import UnattributedOutcomesError
+from bots_client.integrations import GroupSizeMismatchError, UnattributedOutcomesError
 from bots_client.integrations.verl import BotsCurriculumSampler, outcomes_from_batch
 
 N_ROWS = 12
@@ -372,6 +372,54 @@ def test_real_verl_create_rl_sampler_dataloader_and_update(
         expected[key] = (s + n, f) if int(key) % 2 == 0 else (s, f + n)
     got = counts(client, exp_name)
     assert {k: v for k, v in got.items() if v != (0.0, 0.0)} == expected
+
+
+def test_real_verl_rollout_n_other_than_rollouts_per_task_is_refused_before_drawing(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Any
+) -> None:
+    """verl hands the sampler only its data section; the sampler reads
+    actor_rollout_ref.rollout.n from the trainer building it and refuses an
+    experiment whose rollouts_per_task differs, naming both, before
+    anything is drawn: the config given at once (RayPPOTrainer's own
+    _create_dataloader), an existing experiment's at the first draw
+    (main_ppo's TaskRunner.run(config) builds the sampler)."""
+    need("verl.experimental.dataset.sampler")
+    import datasets
+    from omegaconf import OmegaConf
+    from verl.trainer.main_ppo import create_rl_sampler
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    path = str(tmp_path / "train.parquet")
+    datasets.Dataset.from_list(RLHFLike().dataframe.rows).to_parquet(path)
+    verl = need("verl")
+    cfg = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    cfg.actor_rollout_ref.rollout.n = 3
+    cfg.data = OmegaConf.merge(cfg.data, {
+        **data_config(address, exp_name), "filter_overlong_prompts": False, "prompt_key": "prompt",
+        "max_prompt_length": 64, "shuffle": False, "cache_dir": str(tmp_path / "cache"),
+    })  # fmt: skip
+    dataset = RLHFDataset(data_files=[path], tokenizer=None, config=cfg.data, processor=None)
+    trainer = SimpleNamespace(config=cfg, tokenizer=None, processor=None)
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs "
+                                                     "actor_rollout_ref.rollout.n = 3 rollouts per task"):  # fmt: skip
+        RayPPOTrainer._create_dataloader(trainer, dataset, dataset, None, None)
+    assert exp_name not in {e.name for e in client.list_experiments()}
+
+    client.create_experiment(exp_name, EXACT)  # rollouts_per_task = 16, continued without a config
+    cfg.data.sampler.experiment_config = None
+
+    def run(config: Any) -> Any:  # as main_ppo's TaskRunner.run(config) builds it
+        return create_rl_sampler(config.data, dataset)
+
+    sampler = run(cfg)
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs"):
+        next(iter(sampler))
+    assert client.get_experiment(exp_name).open_batches == 0
+    # Matching: the run goes on.
+    cfg.actor_rollout_ref.rollout.n = 16
+    next(iter(run(cfg)))
+    assert client.get_experiment(exp_name).open_batches == 1
 
 
 def test_verl_is_not_needed_for_the_contract() -> None:

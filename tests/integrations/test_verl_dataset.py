@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
+import dataclasses
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,11 +31,12 @@ from typing import Any
 import pytest
 
 import bots_client
-from bots_client.integrations import UnattributedOutcomesError
+from bots_client.integrations import GroupSizeMismatchError, UnattributedOutcomesError
 from bots_client.integrations._core import Curriculum
 from bots_client.integrations.verl_dataset import (
     BATCH_FIELD,
     KEY_FIELD,
+    LEGACY_TRAINER,
     DatasetBatches,
     UnreportedBatchError,
     dataframe_keys,
@@ -46,6 +47,8 @@ from tests.integrations.test_verl import RayHandle, tiny_tokenizer_dir
 
 N_TASKS = 12
 N_ROLLOUTS = 3
+# The experiment of a run of N_ROLLOUTS rollouts per prompt (actor_rollout_ref.rollout.n).
+EXACT_N = dataclasses.replace(EXACT, rollouts_per_task=N_ROLLOUTS)
 
 
 def curriculum(address: str, experiment: str, **kwargs: Any) -> Curriculum:
@@ -418,7 +421,7 @@ def trainer_config(
             "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4, "shuffle": False,
             "dataloader_num_workers": 0, "filter_overlong_prompts": False, "cache_dir": str(tmp_path / "cache"),
             "custom_cls": {"path": "pkg://bots_client.integrations.verl_dataset", "name": "BotsRLDataset"},
-            "bots": {"address": address, "experiment": experiment, "experiment_config": EXACT.__dict__, **bots},
+            "bots": {"address": address, "experiment": experiment, "experiment_config": EXACT_N.__dict__, **bots},
         },
         "trainer": {
             "total_epochs": epochs, "save_freq": 1, "test_freq": -1, "val_before_train": False,
@@ -628,88 +631,41 @@ def test_real_verl_misconfigurations_fail_at_start(
     with pytest.raises(KeyError, match=r"has no reward_extra_info\['pass_rate'\].*it has \[.*'acc'"):
         Run(config("pass_rate", data={"bots": {"reward_key": "pass_rate"}})).fit()
     assert client.get_experiment(exp_name).step == 0
+    # rollouts_per_task other than rollout.n: the config given is refused when the trainer is built ...
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 3 but the trainer runs "
+                                                     "actor_rollout_ref.rollout.n = 4 rollouts per task"):  # fmt: skip
+        Run(config(actor_rollout_ref={"rollout": {"n": 4}}))
+    # ... and an existing experiment's own at the first draw, before anything is drawn.
+    client.create_experiment(f"{exp_name}-16", EXACT)
+    other = Run(config("sixteen", data={"bots": {"experiment": f"{exp_name}-16", "experiment_config": None}}))
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs "
+                                                     "actor_rollout_ref.rollout.n = 3"):  # fmt: skip
+        other.fit()
+    assert client.get_experiment(f"{exp_name}-16").open_batches == 0
     # Validation on the train files: verl's own is_train tells the two datasets apart.
     same = Run(config(data={"val_files": list(trainer_config(tmp_path, address, exp_name).data.train_files)}))
     assert same.dataset.batches is not None and same.trainer.val_dataset.batches is None
 
 
-def legacy_fit(cfg: Any, steps: int, *, checkpoint: Any = None, save_at: int | None = None,
-               crash_before_report: bool = False) -> tuple[list[tuple[int, list[str]]], Any]:  # fmt: skip
-    """The legacy RayPPOTrainer.fit (trainer.use_v1=false) around the
-    dataset, with verl's own objects: create_rl_dataset, create_rl_sampler,
-    StatefulDataLoader (as _create_dataloader builds it), DataProto,
-    _get_gen_batch, AgentLoopManager.generate_sequences -> AgentLoopWorker ->
-    the single-turn agent loop -> the reward loop, union, extract_reward;
-    the checkpoint (loader.state_dict(), torch.save) is saved before
-    `train_dataset.on_batch_end(batch)`, which is not called on the last
-    step. Returns each step's (batch number, keys) and the checkpoint of
-    step `save_at` (the run crashes right after it if `crash_before_report`)."""
-    import numpy as np
-    import torch
-    from torchdata.stateful_dataloader import StatefulDataLoader
-    from verl import DataProto
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.trainer.ppo.reward import extract_reward
-    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
-    from verl.utils import hf_tokenizer
-    from verl.utils.dataset.rl_dataset import collate_fn
-
-    tokenizer = hf_tokenizer(cfg.actor_rollout_ref.model.path)
-    dataset = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, None, is_train=True)
-    loader = StatefulDataLoader(dataset=dataset, batch_size=cfg.data.train_batch_size, num_workers=0, drop_last=True,
-                                collate_fn=collate_fn, sampler=create_rl_sampler(cfg.data, dataset))  # fmt: skip
-    global_steps = 0
-    if checkpoint is not None:
-        path, global_steps = checkpoint
-        loader.load_state_dict(torch.load(path, weights_only=False))
-    loops = AgentLoops(cfg, RolloutServer(tokenizer))
-    drawn: list[tuple[int, list[str]]] = []
-    saved = None
-    try:
-        for _epoch in range(global_steps // len(loader), cfg.trainer.total_epochs):
-            for batch_dict in loader:
-                global_steps += 1
-                batch = DataProto.from_single_dict(batch_dict)
-                extra = batch.non_tensor_batch["extra_info"]
-                drawn.append((int(extra[0][BATCH_FIELD]), [e[KEY_FIELD] for e in extra]))
-                batch.non_tensor_batch["uid"] = np.array([f"uid-{i}" for i in range(len(batch))], dtype=object)
-                gen_batch = RayPPOTrainer._get_gen_batch(None, batch)  # `self` is not used
-                gen_batch.meta_info["global_steps"] = global_steps
-                output = loops.legacy_generate(gen_batch.repeat(repeat_times=N_ROLLOUTS, interleave=True))
-                batch = batch.repeat(repeat_times=N_ROLLOUTS, interleave=True).union(output)
-                batch.batch["token_level_scores"], _ = extract_reward(batch)
-                if global_steps == save_at:
-                    saved = (str(cfg.trainer.default_local_dir) + f"/data-{global_steps}.pt", global_steps)
-                    os.makedirs(cfg.trainer.default_local_dir, exist_ok=True)
-                    torch.save(loader.state_dict(), saved[0])
-                    if crash_before_report:
-                        return drawn, saved
-                if global_steps >= steps:
-                    return drawn, saved  # verl returns before on_batch_end on its last step
-                dataset.on_batch_end(batch=batch)
-    finally:
-        loops.close()
-    return drawn, saved
-
-
-def test_real_verl_legacy_trainer_reports_through_on_batch_end(
+def test_real_verl_legacy_trainer_is_refused_at_start(
     transfer_queue: Any, address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
 ) -> None:
-    cfg = trainer_config(tmp_path, address, exp_name)
-    drawn, checkpoint = legacy_fit(cfg, steps=6, save_at=2, crash_before_report=True)
-    assert [n for n, _ in drawn] == [0, 1]
-    exp = client.get_experiment(exp_name)
-    assert (exp.step, exp.open_batches) == (1, 1)  # batch 1: trained and checkpointed, never reported
-    resumed, _ = legacy_fit(cfg, steps=6, checkpoint=checkpoint)
-    # The checkpoint names batch 1 pending; the server never got it: drawn again (same tasks), reported
-    # once. verl counts the replay as a step, so its 6 steps end one batch early.
-    assert [n for n, _ in resumed] == [1, 2, 3, 4] and resumed[0][1] == drawn[1][1]
-    exp = client.get_experiment(exp_name)
-    # The last step's batch stays open: verl's legacy loop returns before on_batch_end on its last step.
-    assert (exp.step, exp.open_batches) == (4, 1)
-    got = counts(client, exp_name)
-    expected = expected_counts(drawn[:1] + resumed[:-1])
-    assert {k: got[k] for k in expected} == expected
+    """The legacy RayPPOTrainer (trainer.use_v1=false) calls on_batch_end
+    after every step but the last: its last step would never be reported,
+    and a resume would continue one batch short. Its own dataloader
+    construction (`_create_dataloader`, as its __init__ calls it) refuses
+    the dataset before anything is drawn or set up, pointing at the v1
+    trainer."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils import hf_tokenizer
+
+    cfg = OmegaConf.merge(trainer_config(tmp_path, address, exp_name), {"trainer": {"use_v1": False}})
+    legacy = SimpleNamespace(config=cfg, tokenizer=hf_tokenizer(cfg.actor_rollout_ref.model.path), processor=None)
+    with pytest.raises(ValueError, match="trainer.use_v1=false") as refused:
+        RayPPOTrainer._create_dataloader(legacy, None, None, None, None)
+    assert str(refused.value) == LEGACY_TRAINER and "trainer.use_v1=true" in LEGACY_TRAINER
+    assert exp_name not in {e.name for e in client.list_experiments()}
 
 
 def test_real_verl_background_reports_draw_the_batches_of_synchronous_ones(

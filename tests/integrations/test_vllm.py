@@ -12,6 +12,7 @@ prompt_index * n + sample, and /v1/chat/completions with n choices of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 import pytest
 
 import bots_client
+from bots_client.integrations import GroupSizeMismatchError
 from bots_client.integrations.vllm import (
     EmptyCompletionError,
     generate_llm,
@@ -36,6 +38,8 @@ from bots_client.integrations.vllm import (
 from tests.integrations.conftest import EXACT, counts, need
 
 ANSWERS = {"t0": "4", "t1": "9", "t2": "16"}
+# The runs below roll out n = 2 completions per task.
+EXACT_2 = dataclasses.replace(EXACT, rollouts_per_task=2)
 
 
 def verifier(key: str, prompt: Any, completion: str) -> bool:
@@ -190,7 +194,7 @@ def test_generate_openai_completions_and_chat(endpoint: str) -> None:
 
 
 def test_rollout_and_report_against_a_real_server(client: bots_client.Client, exp_name: str, endpoint: str) -> None:
-    client.create_experiment(exp_name, EXACT)
+    client.create_experiment(exp_name, dataclasses.replace(EXACT, rollouts_per_task=3))
     client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
     batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
     prompts = {"t0": "2*2=", "t1": "3*3=", "t2": "4*4="}
@@ -212,6 +216,25 @@ def test_rollout_and_report_against_a_real_server(client: bots_client.Client, ex
         rollout({"t0": "x"}, 2, verifier)
     with pytest.raises(KeyError, match="no prompt"):
         rollout_and_report(client, exp_name, batch, {}, 2, verifier, generate=generate)
+
+
+def test_an_experiment_of_another_group_size_is_refused_before_rolling_out(
+    client: bots_client.Client, exp_name: str
+) -> None:
+    """rollouts_per_task = 16 against n = 2: refused with both named, before
+    anything is generated or reported."""
+    client.create_experiment(exp_name, EXACT)
+    client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
+    batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
+    calls: list[list[str]] = []
+
+    def generate(texts: list[str], n: int) -> list[list[str]]:
+        calls.append(texts)
+        return [["4"] * n for _ in texts]
+
+    with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs n = 2"):
+        rollout_and_report(client, exp_name, batch, dict.fromkeys(ANSWERS, "x"), 2, verifier, generate=generate)
+    assert calls == [] and client.get_experiment(exp_name).step == 0
 
 
 def test_a_curriculums_batch_is_reported_through_its_curriculum(
@@ -275,7 +298,7 @@ def test_the_official_openai_client_against_vllms_response_schema(
     assert OpenAIHandler.requests[-1]["path"] == "/v1/chat/completions" and OpenAIHandler.requests[-1]["top_k"] == 20
 
     # Through rollout_and_report, against a real BOTS server.
-    client.create_experiment(exp_name, EXACT)
+    client.create_experiment(exp_name, EXACT_2)
     client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
     batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
     prompts = {"t0": "4", "t1": "9", "t2": "16"}  # the echoing server "answers" "<prompt>#<sample>"
@@ -289,7 +312,7 @@ def test_the_official_openai_client_against_vllms_response_schema(
 def test_caller_sampling_params_must_agree_with_n_and_max_tokens(
     client: bots_client.Client, exp_name: str, endpoint: str
 ) -> None:
-    client.create_experiment(exp_name, EXACT)
+    client.create_experiment(exp_name, EXACT_2)
     client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
     batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
     prompts = {k: f"{k}?" for k in ANSWERS}
@@ -342,7 +365,7 @@ def test_chat_completion_without_content_raises_unless_scored(
     with pytest.raises(EmptyCompletionError, match=r"prompt 0: chat .* 0 .*'length'; it holds reasoning"):
         generate_openai(endpoint, "m", [conversations["t0"]], 2, chat=True, max_tokens=8)
     # Lenient: verified as "" (a failure here) and counted in the result.
-    client.create_experiment(exp_name, EXACT)
+    client.create_experiment(exp_name, EXACT_2)
     client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
     batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
     rollouts, result = rollout_and_report(client, exp_name, batch, conversations, 2, starts_right, endpoint=endpoint,
@@ -367,7 +390,7 @@ def test_chat_completion_without_content_raises_unless_scored(
 def test_generate_must_return_one_group_of_n_per_prompt(
     client: bots_client.Client, exp_name: str, endpoint: str
 ) -> None:
-    client.create_experiment(exp_name, EXACT)
+    client.create_experiment(exp_name, EXACT_2)
     client.add_tasks(exp_name, [bots_client.Task(k) for k in ANSWERS])
     batch = client.select_batch(exp_name, batch_size=2, request_key="step-0")
     prompts = {k: f"{k}?" for k in ANSWERS}

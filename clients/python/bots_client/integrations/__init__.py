@@ -28,6 +28,7 @@ The shared, framework-free part is `Curriculum` (experiment setup, task key
 from bots_client.integrations._core import (
     Curriculum,
     EmptyReportError,
+    GroupSizeMismatchError,
     SelectedBatch,
     UnattributedOutcomesError,
     aggregate_outcomes,
@@ -38,6 +39,7 @@ from bots_client.integrations._core import (
 __all__ = [
     "Curriculum",
     "EmptyReportError",
+    "GroupSizeMismatchError",
     "SelectedBatch",
     "UnattributedOutcomesError",
     "aggregate_outcomes",

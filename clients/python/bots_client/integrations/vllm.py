@@ -46,7 +46,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from bots_client.integrations._core import OutcomeValue, SelectedBatch, aggregate_outcomes
+from bots_client.integrations._core import (
+    GroupSizeMismatchError,
+    OutcomeValue,
+    SelectedBatch,
+    aggregate_outcomes,
+    group_size_problem,
+)
 from bots_client.types import ReportResult
 
 if TYPE_CHECKING:
@@ -472,7 +478,9 @@ def rollout_and_report(
     every key of the batch. A Curriculum's batch (`SelectedBatch`) is
     refused: reported past its Curriculum, it would stay open there, and a
     checkpoint would take it for unreported; roll it out with `rollout` and
-    report through the Curriculum."""
+    report through the Curriculum. An experiment whose rollouts_per_task is
+    not `n` is refused before anything is rolled out
+    (GroupSizeMismatchError)."""
     if isinstance(batch, SelectedBatch):
         raise TypeError(
             f"batch {batch.number} was drawn by a Curriculum: roll it out with rollout(...) and report "
@@ -481,6 +489,9 @@ def rollout_and_report(
     missing = [k for k in batch.keys if k not in prompts]
     if missing:
         raise KeyError(f"no prompt for {len(missing)} tasks of the batch, e.g. {missing[:3]}")
+    problem = group_size_problem(experiment, client.get_experiment(experiment).config.rollouts_per_task, n, "n")
+    if problem is not None:
+        raise GroupSizeMismatchError(problem)
     rollouts = rollout({k: prompts[k] for k in batch.keys}, n, verifier, **kwargs)
     result = client.report_outcomes(experiment, batch.batch_id, rollouts.outcomes)
     return rollouts, result
