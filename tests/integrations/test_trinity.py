@@ -577,6 +577,23 @@ def test_real_trinity_reports_repeat_times_trials_and_refuses_another_m(
     assert counts(client, exp_name) == counts(client, exp_name + "-m8")
 
 
+def test_real_trinity_taskset_without_repeat_times_is_refused_before_drawing(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
+) -> None:
+    """A taskset config whose repeat_times was never filled in (Trinity's
+    validator sets it from algorithm.repeat_times) used to report m trials
+    per task whatever the rollouts were: refused with the setting named,
+    even with m given, before the experiment is touched."""
+    need("trinity.buffer.task_scheduler")
+    kwargs = {"address": address, "experiment": exp_name, "key_field": "id", "m": 4,
+              "experiment_config": EXACT_4}  # fmt: skip
+    config = trinity_config(tmp_path, kwargs, repeat_times=8, total_steps=3)
+    config.buffer.explorer_input.tasksets[0].repeat_times = None
+    with pytest.raises(ValueError, match=r"taskset 'math' has repeat_times = None.*algorithm.repeat_times"):
+        TrinityExplorer(config)
+    assert exp_name not in {e.name for e in client.list_experiments()}
+
+
 def test_real_trinity_restore_after_lost_feedback_ends_at_the_same_step(
     address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
 ) -> None:

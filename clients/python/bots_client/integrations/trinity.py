@@ -146,7 +146,9 @@ def trinity_repeat_times(selector_config: Any, *, depth: int = 16) -> int | None
     with `config.data_selector` the very object the selector gets: this
     looks for that `StorageConfig` among the callers' `config` arguments
     (matched by identity, so nothing else can match). None where the
-    selector is built another way."""
+    selector is built another way; ValueError where that taskset config
+    has no repeat_times (Trinity's config validator sets it from
+    algorithm.repeat_times), rather than a count of trials guessed."""
     frame: FrameType | None = sys._getframe(1)
     for _ in range(depth):
         if frame is None:
@@ -161,6 +163,13 @@ def trinity_repeat_times(selector_config: Any, *, depth: int = 16) -> int | None
                 continue
             if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat > 0:
                 return repeat
+            raise ValueError(
+                f"BotsSelector: the taskset {getattr(candidate, 'name', '')!r} has repeat_times = {repeat!r}, not "
+                "the rollouts per task it runs: Trinity's config validator sets the taskset's repeat_times from "
+                "algorithm.repeat_times, and each task's mean reward is reported over that many trials. Build the "
+                "config through Trinity's validator (trinity run does), or set the taskset's repeat_times to "
+                "algorithm.repeat_times"
+            )
         frame = frame.f_back
     return None
 
