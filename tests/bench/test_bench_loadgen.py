@@ -13,6 +13,7 @@ import pytest
 import bots_client
 from bench import loadgen
 from tests.support.servers import ServerProcess
+from tests.support.timing import slack
 
 SMALL = ["--pool", "300", "--batch-size", "16", "--quiet"]
 
@@ -69,8 +70,8 @@ def test_stops_at_the_time_bound(server: ServerProcess, tmp_path: Path) -> None:
     elapsed = time.monotonic() - started
     assert code == 0
     assert result["requests_ok"] > 0
-    assert result["elapsed_seconds"] < 2 + 2 + 1
-    assert elapsed < 10
+    assert result["elapsed_seconds"] < 2 + 2 + slack(1)
+    assert elapsed < slack(10)
 
 
 def test_keep_leaves_the_experiments(server: ServerProcess, tmp_path: Path) -> None:
@@ -99,7 +100,7 @@ def test_reports_errors_for_a_bad_address(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     started = time.monotonic()
     code, result = run(tmp_path, "--target", f"127.0.0.1:{port}", "--duration", "3", *SMALL)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < slack(10)
     assert code == 2
     assert result["errors_total"] >= 1
     assert "UNAVAILABLE" in result["errors"]["CreateExperiment"]

@@ -24,6 +24,7 @@ from bots_client.proto import bots_pb2_grpc as pb_grpc
 from bots_server.testing.processes import rss_bytes
 from bots_server.testing.tenants import bearer, credentials_file, upload
 from tests.support.servers import ServerProcess
+from tests.support.timing import slack
 
 PRINCIPALS = {"a-writer": ("team-a", "writer"), "b-writer": ("team-b", "writer")}
 TASKS = 40_000  # charged about 29 MB each (700 bytes a task + the stream's bytes)
@@ -118,7 +119,7 @@ def test_a_quota_refusal_is_not_retried(budget_server: ServerProcess) -> None:
         started = time.monotonic()
         with pytest.raises(ResourceExhaustedError, match="several smaller calls"):
             client.add_tasks(f"huge-{tag}", [Task(key=f"k-{i:06d}") for i in range(100_000)])
-        assert time.monotonic() - started < 5.0
+        assert time.monotonic() - started < slack(5.0)
 
 
 def test_a_snapshot_counts_against_the_same_budget(budget_server: ServerProcess) -> None:
@@ -150,7 +151,7 @@ def test_a_call_larger_than_the_budget_is_refused_at_once(budget_server: ServerP
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as refused:
             stub.AddTasks(iter([first]), metadata=bearer("a-writer"), timeout=60)
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < slack(3.0)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--tenant-inflight-budget-mb = 40 MB" in refused.value.details()
         assert "several smaller calls" in refused.value.details()
