@@ -281,3 +281,29 @@ def test_an_upload_s_admission_charge_counts_what_its_embeddings_hold(tmp_path: 
             assert client.get_experiment("wide").num_tasks == 400
     finally:
         server.kill()
+
+
+def test_a_replica_catches_up_with_the_embeddings_another_one_added() -> None:
+    """Two servers on one PostgreSQL database: a replica that holds the
+    experiment takes in the tasks the other added, vectors included, and
+    selects from them."""
+    require_postgres()
+    url = create_pg_database("bots_embedding_replicas")
+    a, b = (ServerProcess(url).start() for _ in range(2))
+    try:
+        with bots_client.Client(a.address) as ca, bots_client.Client(b.address) as cb:
+            ca.create_experiment("run", ExperimentConfig(embedding_dim=DIM, seed=2, rollouts_per_task=4))
+            ca.add_tasks("run", embedded_tasks("t", vectors(12, seed=6)))
+            run(cb, "run", range(2))  # b loads the experiment
+            ca.add_tasks("run", embedded_tasks("u", vectors(5, seed=7)))  # a adds more
+            run(cb, "run", range(2, 4))  # b catches up before it selects
+            from_b = cb.snapshot("run", include_features=True)
+            from_a = ca.snapshot("run", include_features=True)
+        expected = np.concatenate([vectors(12, seed=6), vectors(5, seed=7)]).astype(np.float32)
+        assert from_b.embeddings is not None and from_b.embeddings.tobytes() == expected.tobytes()
+        assert from_a.embeddings is not None and from_a.embeddings.tobytes() == expected.tobytes()
+        assert from_a.alpha.tobytes() == from_b.alpha.tobytes()
+    finally:
+        a.kill()
+        b.kill()
+        drop_pg_database(url)
