@@ -17,6 +17,7 @@ wait: it keeps at least `share` of the time (a fifth by default).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import threading
 import time
@@ -24,6 +25,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# True within a trainer call (Priority.foreground), in its context and in
+# the work it hands to worker threads.
+TRAINER_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("trainer_call", default=False)
 
 DEFAULT_BULK_SHARE = 0.2
 # Tasks per block: about a millisecond of conversion, validation or encoding
@@ -55,12 +60,15 @@ class Priority:
 
     @contextlib.contextmanager
     def foreground(self) -> Iterator[None]:
-        """Bulk work gives way while this is held (a trainer call)."""
+        """Bulk work gives way while this is held (a trainer call). Within
+        it, TRAINER_CALL is True."""
         with self._changed:
             self._foreground += 1
+        token = TRAINER_CALL.set(True)
         try:
             yield
         finally:
+            TRAINER_CALL.reset(token)
             with self._changed:
                 self._foreground -= 1
                 self._last_end = time.monotonic()

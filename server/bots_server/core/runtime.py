@@ -29,9 +29,11 @@ from bots_server.core.allocator import release_free_memory
 from bots_server.core.database import DatabaseHealth
 from bots_server.core.domain import ExperimentConfig
 from bots_server.core.experiment import LiveExperiment
+from bots_server.core.fairshare import FairShare
 from bots_server.core.observer import PosteriorView, SelectorObserver
-from bots_server.core.priority import DEFAULT_BULK_SHARE, Priority
+from bots_server.core.priority import DEFAULT_BULK_SHARE, TRAINER_CALL, Priority
 from bots_server.core.tenancy import tenant_of
+from bots_server.engine import parallel
 from bots_server.errors import NotFound, Unavailable
 from bots_server.store import LoadedRows, Lookup, Store
 
@@ -70,6 +72,9 @@ class Runtime:
         self._locks: dict[str, _NamedLock] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
         self.priority = Priority(bulk_share, on_yield=observer.bulk_yielded)
+        # The engine's parts, on the cores this process may use, shared
+        # between the tenants with calls in flight (core/fairshare.py).
+        self.fair = FairShare(slots=parallel.HELPERS + 1)
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run blocking work on the pool, in this call's context (its request id)."""
@@ -77,7 +82,14 @@ class Runtime:
 
     def _submit(self, fn: Callable[..., T], *args: object, **kwargs: object) -> asyncio.Future[T]:
         context = contextvars.copy_context()
-        work = functools.partial(context.run, fn, *args, **kwargs)
+        gate = parallel.PART_GATE.get()
+        if gate is not None and TRAINER_CALL.get():
+            # A trainer call's work is one unit of its tenant's fair share
+            # (core/fairshare.py), its engine parts the points where it
+            # gives way; bulk work gives way by Priority instead.
+            work = functools.partial(context.run, _within, gate, functools.partial(fn, *args, **kwargs))
+        else:
+            work = functools.partial(context.run, fn, *args, **kwargs)
         return asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     async def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -107,15 +119,21 @@ class Runtime:
     @contextlib.asynccontextmanager
     async def locked(self, name: str) -> AsyncIterator[None]:
         """Hold the experiment's lock. A lock exists only while a call holds or
-        awaits it, so calls on names that do not exist leave nothing behind."""
+        awaits it, so calls on names that do not exist leave nothing behind.
+        Meanwhile the call counts as its tenant's, and the engine's parts it
+        runs take turns with other tenants' (core/fairshare.py)."""
         entry = self._locks.get(name)
         if entry is None:
             entry = self._locks[name] = _NamedLock()
         entry.users += 1
+        tenant = tenant_of(name)
+        gate = parallel.PART_GATE.set(functools.partial(self.fair.unit, tenant))
         try:
-            async with entry.lock:
-                yield
+            with self.fair.call(tenant):
+                async with entry.lock:
+                    yield
         finally:
+            parallel.PART_GATE.reset(gate)
             entry.users -= 1
             if entry.users == 0:
                 del self._locks[name]
@@ -298,6 +316,11 @@ class _NamedLock:
 
 def contended(name: str) -> Unavailable:
     return Unavailable(f"experiment {name!r} is being changed by other writers; retry")
+
+
+def _within(gate: parallel.Gate, work: Callable[[], T]) -> T:
+    with gate(True):
+        return work()
 
 
 def _run_hook(hook: Callable[..., None], args: tuple[object, ...]) -> None:
