@@ -633,3 +633,68 @@ def test_real_trinity_restore_after_lost_feedback_ends_at_the_same_step(
         sent = [key for key, _, duplicate in first_reports + reports if not duplicate]
         assert Counter(sent) == Counter(f"step-{i}" for i in range(total)), at
         assert_posterior_is(client, name, applied(first_reports, reports))
+
+
+def test_real_trinity_explorer_killed_at_a_random_moment_reports_every_batch_once(
+    address: str, client: bots_client.Client, exp_name: str, tmp_path: Path
+) -> None:
+    """The explore loop in a child process (tests/integrations/trinity_explorer.py),
+    killed with SIGKILL a random moment (up to 10 ms) after a random step
+    (writing its explorer state, reading the next batch, inside the
+    previous step's feedback report) and restarted from its last explorer
+    state: the server
+    ends at the uninterrupted run's step with no batch open, every request
+    key's batch reported once, and the posterior is, bit for bit, the sum of
+    those batches' rollouts. (The tasks of the batches drawn after the
+    restart may differ from an uninterrupted run's: the batch drawn again
+    rides along with the next read, so later reads meet the server at
+    other steps.)"""
+    need("trinity.buffer.task_scheduler")
+    import random
+    import subprocess
+    import sys
+    import time
+
+    total = 6
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    # Killed a random moment (up to 10 ms) after a random step of the first run printed itself.
+    kill_at, kill_after = f"step {rng.randint(1, total - 1)}", rng.uniform(0.0, 0.01)
+
+    def run(kill: bool) -> bool:
+        """One explorer process; True if it finished, False if killed."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integrations.trinity_explorer", address, exp_name, str(tmp_path / "data"),
+             str(tmp_path / "explorer.json"), str(total)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # Trinity logs to stdout too
+                if line.strip() == (kill_at if kill else "ready"):
+                    break
+            if kill:
+                time.sleep(kill_after)
+                proc.kill()  # SIGKILL: no handler, no finally, a report in flight is cut off
+            return proc.wait(timeout=120) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    (tmp_path / "data").mkdir()
+    assert not run(kill=True), (seed, kill_at, kill_after)  # killed before it finished
+    assert run(kill=False), seed
+    exp = client.get_experiment(exp_name)
+    assert (exp.step, exp.open_batches) == (total, 0), (seed, kill_at, kill_after)
+    drawn = [client.select_batch(exp_name, 4, request_key=f"step-{i}") for i in range(total)]  # the stored batches
+    assert sorted(b.reported_step or 0 for b in drawn) == list(range(1, total + 1)), (seed, kill_at, kill_after)
+    expected = {key: [1.0, 1.0] for key in client.snapshot(exp_name).keys}  # EXACT: prior 1, no forgetting
+    for batch in drawn:
+        for key in batch.keys:
+            won = successes_of(int(key.split("-")[1]), 4)
+            expected[key][0] += won
+            expected[key][1] += 4 - won
+    snap = client.snapshot(exp_name)
+    assert list(snap.alpha) == [expected[k][0] for k in snap.keys], (seed, kill_at, kill_after)
+    assert list(snap.beta) == [expected[k][1] for k in snap.keys], (seed, kill_at, kill_after)
