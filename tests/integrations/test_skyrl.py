@@ -435,7 +435,7 @@ def test_real_skyrl_a_dataset_without_task_keys_is_refused_at_start(
         stream_for(dataset, SkyRLTrainConfig(), {**options, "keys": "id"})
     # rollouts_per_task other than n_samples_per_prompt: given, or an existing experiment's own (at the first draw).
     cfg = SkyRLTrainConfig()
-    cfg.generator.n_samples_per_prompt = 3
+    cfg.generator.n_samples_per_prompt, cfg.trainer.train_batch_size = 3, 4
     with pytest.raises(GroupSizeMismatchError, match="rollouts_per_task = 16 but the trainer runs "
                                                      "generator.n_samples_per_prompt = 3"):  # fmt: skip
         stream_for(dataset, cfg, {**options, "experiment_config": {"rollouts_per_task": 16}})
