@@ -600,12 +600,13 @@ def expect_rollout_n(curriculum: Curriculum, options: Mapping[str, Any], trainer
     """Hold the experiment's rollouts_per_task to verl's rollout.n, the
     `rollout_n` option or the `trainer` config's (at once against the
     experiment config given, and at setup against the experiment's own,
-    before the first draw); a WARNING where neither is known."""
+    before the first draw); logged at INFO where neither is known (a
+    sampler built outside verl's trainer, as in tests)."""
     n = options.get("rollout_n")
     if n is None and trainer is not None:
         n = _get(_get(_get(trainer, "actor_rollout_ref"), "rollout"), "n")
     if n is None:
-        log.warning(
+        log.info(
             "cannot read %s (the sampler was not built by verl's trainer): set %srollout_n to it, so that the "
             "experiment's rollouts_per_task is checked against it",
             ROLLOUT_N,
