@@ -5,7 +5,11 @@ learner grown by the p(1-p) gradient signal of the groups it trains on and
 memorising the tasks it trains on, reference models with abilities of their
 own, held-out accuracy) picks its batches from a real BOTS server over gRPC,
 or from the same engine in-process (`--backend local`, bit-identical numbers,
-no server). It runs in three worlds: good reference models, poor ones, none.
+no server). It runs in three worlds: good reference models, poor ones, none;
+and, when named, in two without reference models whose tasks carry
+embeddings, informative ("embed") or noise ("embed-noise"):
+
+    .venv/bin/python -m bench.simulate --backend local --worlds embed,embed-noise --methods uniform,bots,bots-embed,oracle --seeds 20
 
     .venv/bin/python -m bench.simulate              # 3 worlds x 5 seeds x 600 steps, sweeps in `good`
     .venv/bin/python -m bench.simulate --quick      # 2 seeds, 150 steps, 1500 tasks, no sweeps
@@ -1029,10 +1033,12 @@ def _save(fig: Any, path: Path) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, 150 steps, 1500 tasks, no ablations")
+    plain = ",".join(name for name, world in WORLDS.items() if world.embeddings == "none")
     parser.add_argument(
         "--worlds",
-        default=",".join(WORLDS),
-        help=f"comma-separated worlds of bench/simmodel.py (default {','.join(WORLDS)})",
+        default=plain,
+        help=f"comma-separated worlds of bench/simmodel.py, of {','.join(WORLDS)} (default {plain}; the embedding "
+        "worlds with --methods uniform,bots,bots-embed,oracle)",
     )
     parser.add_argument(
         "--ablation-worlds", default="good", help="worlds where the lambda and rho sweeps run (default good)"
