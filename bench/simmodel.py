@@ -34,7 +34,7 @@ the learner's mean level, and a per-skill profile drawn independently of the
 learner's (sd `reference_skill_sd`), plus their own per-task affinities (sd
 `reference_idiosyncrasy_sd`). Their pass rates are measured on the training
 pool with `reference_samples` attempts each: the noisy features the
-interpolation plug-in uses. `WORLDS` names three settings: good reference
+interpolation plug-in uses. `WORLDS` names the settings: good reference
 models, poor ones, and none at all (`references=False`: no features); and
 two without reference models whose tasks carry embeddings (`embeddings`):
 "embed", a noisy linear image of each task's skill, difficulty and
