@@ -70,13 +70,13 @@ def test_retiring_keeps_the_posterior_and_an_idempotent_repeat_changes_nothing(c
 
 
 def test_a_retired_task_keeps_being_updated_as_an_unselected_one(client: bots_client.Client) -> None:
-    # rho 0, lambda 0.5, prior (1, 1), m 16. Step 1 reports every task at rate 1:
+    # rho 0, lambda 0.5, prior (1, 1), m 16. Step 1 reports every task 16 of 16:
     #   alpha = 0.5 * 1 + 0.5 * 1 + 16 = 17, beta = 0.5 + 0.5 + 0 = 1.
     # t0 is then retired; each later step moves it halfway to the prior:
     #   alpha 0.5 * 17 + 0.5 = 9, then 0.5 * 9 + 0.5 = 5; beta stays 1.
     name = experiment(client, implicit_weight=0.0, forgetting=0.5)
     batch = client.select_batch(name, 12, request_key="all")
-    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (8, 8)))
+    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (16, 16)))
     client.retire_tasks(name, ["t0"])
     for s in range(2):
         assert "t0" not in step(client, name, 3, f"s{s}").keys
@@ -96,9 +96,9 @@ def test_retiring_a_task_of_an_open_batch_keeps_the_batch_and_applies_its_report
     # A retry of the request key returns the batch unchanged, retired task included.
     assert client.select_batch(name, 4, request_key="open") == batch
     before = client.snapshot(name)
-    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (8, 8)))
+    client.report_outcomes(name, batch.batch_id, dict.fromkeys(batch.keys, (16, 16)))
     after = client.snapshot(name)
-    # BOTS explicit evidence: alpha <- (1 - lambda) alpha + lambda a0 + rho-part + rate * m; here rate 1, m 16.
+    # BOTS explicit evidence: alpha <- (1 - lambda) alpha + lambda a0 + rho-part + rate * n; here rate 1, n 16.
     assert after.alpha[i] > before.alpha[i] + 15
     for s in range(4):
         assert victim not in step(client, name, 11, f"after-{s}").keys
