@@ -78,19 +78,21 @@ def test_beside_another_tenant_s_call_a_tenant_takes_its_share() -> None:
     units.finish()
 
 
-def test_the_waiting_tenant_that_runs_least_goes_first() -> None:
-    fair = FairShare(slots=2)
-    units = Units(fair)
+def test_another_tenant_s_first_unit_starts_at_once() -> None:
+    """a holds both slots and has a third unit waiting; b's first unit
+    starts at once, and a's third only when a's share frees."""
+    units = Units(FairShare(slots=2))
     units.start("a", "a0")
     units.start("a", "a1")
     assert units.wait_started(2) == ["a0", "a1"]
     units.start("a", "a2")
     time.sleep(0.02)
-    units.start("b", "b0")  # arrives after a2, runs nothing yet
-    time.sleep(0.02)
+    units.start("b", "b0")
+    assert units.wait_started(3) == ["a0", "a1", "b0"]
     units.release["a0"].set()
-    assert units.wait_started(3)[-1] == "b0"
-    units.release["a1"].set()
+    time.sleep(0.05)
+    assert "a2" not in units.started  # a runs one unit, b one: every slot busy
+    units.release["b0"].set()
     assert units.wait_started(4)[-1] == "a2"
     units.finish()
 

@@ -1,10 +1,12 @@
 """The cores shared fairly between tenants.
 
-The engine's heavy work (the Beta draws of a large pool, in parts, and the
-rebuilds and catch-ups of an experiment) runs in units a few milliseconds
-long, each on one of `slots` cores. A unit of tenant T starts only when a
-slot is free and T runs fewer units than its share: all slots while T is the
-only tenant with calls in flight, else an equal part of them (at least one).
+The engine's work of a trainer call runs as one unit of its tenant, and
+the parts of a large pool's Beta draws as units within it or beside it,
+each on one of `slots` (at least two, so that one unit waiting on its
+database write leaves a slot to the other tenant). A tenant's first unit
+starts at once; a further one only when a slot is free and the tenant runs
+fewer units than its share: all slots while it is the only tenant with
+calls in flight, else an equal part of them (at least one).
 So one tenant's flood of selects on million-task pools takes its share of
 the cores and leaves the rest to the other tenants' trainers, whose calls
 queue behind nothing but their own; a tenant alone keeps every core. A
@@ -75,6 +77,9 @@ class FairShare:
     def _may_start(self, tenant: str, ticket: int | None, now: float) -> bool:
         """Whether `tenant`'s unit `ticket` (None: one not queued) may start now."""
         running = self._running.get(tenant, 0)
+        queue = self._waiting.get(tenant)
+        if running == 0 and (not queue or queue[0] == ticket):
+            return True  # every tenant runs one unit at once, whatever the others hold
         if running >= self.share(tenant, now):
             return False
         if sum(self._running.values()) >= self.slots and not self._over_share(now):
@@ -82,7 +87,6 @@ class FairShare:
             # within its share starts beside one over it, which gives the
             # slot back at its next part boundary.)
             return False
-        queue = self._waiting.get(tenant)
         if queue and queue[0] != ticket:
             return False  # the tenant's earlier units first
         # A tenant that runs fewer units, waiting too, goes first.

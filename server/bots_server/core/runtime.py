@@ -72,9 +72,10 @@ class Runtime:
         self._locks: dict[str, _NamedLock] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bots-worker")
         self.priority = Priority(bulk_share, on_yield=observer.bulk_yielded)
-        # The engine's parts, on the cores this process may use, shared
-        # between the tenants with calls in flight (core/fairshare.py).
-        self.fair = FairShare(slots=parallel.HELPERS + 1)
+        # Trainer calls' engine work, on the cores this process may use (two
+        # at least), shared between the tenants with calls in flight
+        # (core/fairshare.py).
+        self.fair = FairShare(slots=max(2, parallel.HELPERS + 1))
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run blocking work on the pool, in this call's context (its request id)."""
