@@ -160,11 +160,13 @@ def ref_bots_update(
     n = state.num_tasks
     explicit_s = np.zeros(n)
     explicit_f = np.zeros(n)
-    explicit_s[tasks] = rate * trials
-    explicit_f[tasks] = (1 - rate) * trials
-    # The weight of a task's prediction: m, and a reported task's own trials.
+    # What a reported task's outcome counts for: its own trials, or m
+    # (report_weight = "rollouts_per_task"); every other task's prediction: m.
+    weighed = trials if params.report_weight == "trials" else np.full(tasks.shape[0], float(m))
+    explicit_s[tasks] = rate * weighed
+    explicit_f[tasks] = (1 - rate) * weighed
     weight = np.full(n, float(m))
-    weight[tasks] = trials
+    weight[tasks] = weighed
     capability, c_hat = ref_capability(params, state, tasks, rate)
     previous_alpha, previous_beta = state.alpha, state.beta
     if params.track_prediction > 0:

@@ -645,3 +645,15 @@ def test_apply_outcomes_does_not_mutate_inputs(strategy: str, pool_size: int | N
     assert not np.array_equal(result.state.alpha, state.alpha)
     assert not np.shares_memory(result.state.alpha, state.alpha)
     assert not np.shares_memory(result.state.beta, state.beta)
+
+
+def test_report_weight_rollouts_per_task_weighs_a_report_by_m_whatever_it_holds() -> None:
+    """A 1-of-4 report under m = 16: 'trials' adds 1 success and 3 failures,
+    'rollouts_per_task' the rate times m, 4 and 12 (no forgetting, no rho)."""
+    nan = np.full(2, np.nan)
+    for weight, expected in (("trials", (2.0, 4.0)), ("rollouts_per_task", (5.0, 13.0))):
+        params = EngineParams(forgetting=0.0, implicit_weight=0.0, rollouts_per_task=16, report_weight=weight)
+        state = PosteriorState.from_prior(params, nan, nan)
+        new = apply_outcomes(params, state, np.array([0]), np.array([1.0]), np.array([4.0])).state
+        assert (new.alpha[0], new.beta[0]) == expected
+        assert (new.alpha[1], new.beta[1]) == (1.0, 1.0)

@@ -58,7 +58,7 @@ def test_conversion_round_trips_a_config_with_every_field_changed() -> None:
         adaptive_rho_error=0.25, track_prediction=0.5, implicit_reliability=2.0, random_stream=1, keep_successes=0.5,
         adaptive_shares=0.5,
         weak_feature="w", strong_feature="s", seed=7, lease_ttl_seconds=60.0, embedding_dim=8, embedding_weight=4.0,
-        uniform_share=0.25,
+        uniform_share=0.25, report_weight="rollouts_per_task",
     )  # fmt: skip
     assert all(getattr(config, n) != d for n, _, d in config_settings())
     assert convert.config_from_proto(convert.config_to_proto(config)) == config
@@ -84,3 +84,13 @@ def test_a_stored_config_without_random_stream_keeps_the_stream_it_was_created_w
     del stored["random_stream"]
     assert ExperimentConfig.from_dict(stored) == ExperimentConfig(seed=3, random_stream=1)
     assert ExperimentConfig.from_dict(ExperimentConfig(seed=3).to_dict()).random_stream == 2
+
+
+def test_a_stored_config_without_report_weight_keeps_weighing_reports_by_m() -> None:
+    """New experiments weigh a report by its own trials; those stored before
+    the setting existed by m, so their stored reports replay as applied."""
+    assert ExperimentConfig().report_weight == "trials"
+    stored = ExperimentConfig(seed=3).to_dict()
+    del stored["report_weight"]
+    assert ExperimentConfig.from_dict(stored).report_weight == "rollouts_per_task"
+    assert ExperimentConfig.from_dict(ExperimentConfig(seed=3).to_dict()).report_weight == "trials"

@@ -78,8 +78,10 @@ def snapshot_record(snap: bots_client.Snapshot) -> dict[str, Any]:
 def expected_snapshot(recorded: dict[str, Any]) -> dict[str, Any]:
     # Config fields added after 0.1.0 must come out at the values that keep
     # 0.1.0's behaviour: their defaults, but stream 1 of the Thompson draws
-    # (new experiments draw in stream 2).
-    config = {**dataclasses.asdict(ExperimentConfig(random_stream=1)), **recorded["config"]}
+    # (new experiments draw in stream 2) and reports weighed by m (new
+    # experiments weigh a report by its own trials).
+    old = ExperimentConfig(random_stream=1, report_weight="rollouts_per_task")
+    config = {**dataclasses.asdict(old), **recorded["config"]}
     return {**recorded, "config": config}
 
 

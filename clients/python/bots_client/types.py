@@ -70,6 +70,8 @@ class ExperimentConfig:
     embedding_weight: float = 0.0
     # The share of every batch drawn uniformly at random (0: off).
     uniform_share: float = 0.0
+    # What a reported outcome counts for: "trials", its own; "rollouts_per_task", m.
+    report_weight: str = "trials"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from typing import Any
 
 from bots_server.engine.draws import NEWEST_STREAM, STREAMS
 
+REPORT_WEIGHTS = ("trials", "rollouts_per_task")
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -181,6 +183,16 @@ class EngineParams:
         "may not pay (docs/choosing-a-strategy.md; 0: off)",
         low=0.0,
         high=1.0,
+    )
+
+    report_weight: str = setting(
+        "trials",
+        "how many trials a reported outcome counts for in the bots and uniform updates: 'trials', its own "
+        "(a group of 3 rollouts moves a posterior by 3); 'rollouts_per_task', m whatever it holds (the "
+        "reference's r*m); experiments created before the setting existed keep 'rollouts_per_task', so their "
+        "stored reports replay as they were applied",
+        choices=lambda: REPORT_WEIGHTS,
+        before="rollouts_per_task",
     )
 
     @classmethod

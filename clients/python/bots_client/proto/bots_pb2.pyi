@@ -38,7 +38,7 @@ SELECTION_MODE_SOFTMAX_MEAN: SelectionMode
 SELECTION_MODE_EXPECTED: SelectionMode
 
 class ExperimentConfig(_message.Message):
-    __slots__ = ("strategy", "target_success", "forgetting", "implicit_weight", "rollouts_per_task", "selection_mode", "temperature", "weak_feature", "strong_feature", "prior_alpha", "prior_beta", "seed", "lease_ttl_seconds", "capability_ema", "candidate_ratio", "warm_start_scale", "warm_start_position", "adaptive_rho_error", "track_prediction", "implicit_reliability", "random_stream", "keep_successes", "adaptive_shares", "embedding_dim", "embedding_weight", "uniform_share")
+    __slots__ = ("strategy", "target_success", "forgetting", "implicit_weight", "rollouts_per_task", "selection_mode", "temperature", "weak_feature", "strong_feature", "prior_alpha", "prior_beta", "seed", "lease_ttl_seconds", "capability_ema", "candidate_ratio", "warm_start_scale", "warm_start_position", "adaptive_rho_error", "track_prediction", "implicit_reliability", "random_stream", "keep_successes", "adaptive_shares", "embedding_dim", "embedding_weight", "uniform_share", "report_weight")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     TARGET_SUCCESS_FIELD_NUMBER: _ClassVar[int]
     FORGETTING_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class ExperimentConfig(_message.Message):
     EMBEDDING_DIM_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     UNIFORM_SHARE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     target_success: float
     forgetting: float
@@ -91,7 +92,8 @@ class ExperimentConfig(_message.Message):
     embedding_dim: int
     embedding_weight: float
     uniform_share: float
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., target_success: _Optional[float] = ..., forgetting: _Optional[float] = ..., implicit_weight: _Optional[float] = ..., rollouts_per_task: _Optional[int] = ..., selection_mode: _Optional[_Union[SelectionMode, str]] = ..., temperature: _Optional[float] = ..., weak_feature: _Optional[str] = ..., strong_feature: _Optional[str] = ..., prior_alpha: _Optional[float] = ..., prior_beta: _Optional[float] = ..., seed: _Optional[int] = ..., lease_ttl_seconds: _Optional[float] = ..., capability_ema: _Optional[float] = ..., candidate_ratio: _Optional[float] = ..., warm_start_scale: _Optional[float] = ..., warm_start_position: _Optional[float] = ..., adaptive_rho_error: _Optional[float] = ..., track_prediction: _Optional[float] = ..., implicit_reliability: _Optional[float] = ..., random_stream: _Optional[int] = ..., keep_successes: _Optional[float] = ..., adaptive_shares: _Optional[float] = ..., embedding_dim: _Optional[int] = ..., embedding_weight: _Optional[float] = ..., uniform_share: _Optional[float] = ...) -> None: ...
+    report_weight: str
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., target_success: _Optional[float] = ..., forgetting: _Optional[float] = ..., implicit_weight: _Optional[float] = ..., rollouts_per_task: _Optional[int] = ..., selection_mode: _Optional[_Union[SelectionMode, str]] = ..., temperature: _Optional[float] = ..., weak_feature: _Optional[str] = ..., strong_feature: _Optional[str] = ..., prior_alpha: _Optional[float] = ..., prior_beta: _Optional[float] = ..., seed: _Optional[int] = ..., lease_ttl_seconds: _Optional[float] = ..., capability_ema: _Optional[float] = ..., candidate_ratio: _Optional[float] = ..., warm_start_scale: _Optional[float] = ..., warm_start_position: _Optional[float] = ..., adaptive_rho_error: _Optional[float] = ..., track_prediction: _Optional[float] = ..., implicit_reliability: _Optional[float] = ..., random_stream: _Optional[int] = ..., keep_successes: _Optional[float] = ..., adaptive_shares: _Optional[float] = ..., embedding_dim: _Optional[int] = ..., embedding_weight: _Optional[float] = ..., uniform_share: _Optional[float] = ..., report_weight: _Optional[str] = ...) -> None: ...
 
 class Experiment(_message.Message):
     __slots__ = ("name", "config", "step", "num_tasks", "open_batches", "capability", "create_time", "forked_from", "forked_at_step")

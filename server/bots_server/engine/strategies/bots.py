@@ -44,8 +44,10 @@ def update(
     """alpha_i' = (1 - lam_a) alpha_i + lam_a a0 + (1 - rho_i) e_i + rho_i m_i q_i
     (beta alike with lam, failures and 1 - q_i; lam_a = lam (1 - keep_successes)
     for a task without both features, else lam, and lam itself by default):
-    m_i the trials n_i of a reported task (a report weighs what it holds),
-    rollouts_per_task m for every other task (the weight of a prediction);
+    m_i the trials n_i of a reported task (a report weighs what it holds;
+    with report_weight = "rollouts_per_task", as experiments stored before
+    the setting existed, m instead), rollouts_per_task m for every other
+    task (the weight of a prediction);
     e_i the explicit evidence n_i r_i of a reported task (0 elsewhere), q_i
     the plug-in's prediction (the observed rate r_i for a reported task),
     rho_i = rho where there is a prediction, else 0. A reported task thus
@@ -93,17 +95,18 @@ def update(
     )
     # Reported tasks: the whole formula, recomputed from their previous
     # posterior (this overwrites what the passes above wrote there).
+    weighed = trials if params.report_weight == "trials" else m
     alpha[tasks] = (
         (1 - lam_alpha) * previous_alpha
         + lam_alpha * params.prior_alpha
-        + (1 - reported_rho) * (rate * trials)
-        + reported_rho * trials * reported_prediction
+        + (1 - reported_rho) * (rate * weighed)
+        + reported_rho * weighed * reported_prediction
     )
     beta[tasks] = (
         (1 - lam) * previous_beta
         + lam * params.prior_beta
-        + (1 - reported_rho) * ((1 - rate) * trials)
-        + reported_rho * trials * (1 - reported_prediction)
+        + (1 - reported_rho) * ((1 - rate) * weighed)
+        + reported_rho * weighed * (1 - reported_prediction)
     )
     return UpdateResult(
         dataclasses.replace(state, alpha=alpha, beta=beta, capability=capability, rho_halvings=halvings), c_hat
