@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -53,6 +54,22 @@ def test_partial_report_releases_the_whole_batch(client: bots_client.Client) -> 
     client.report_outcomes(name, batch.batch_id, {batch.keys[0]: (1, 2)})  # one rollout group failed
     assert client.get_experiment(name).open_batches == 0
     assert len(client.select_batch(name, 8, request_key="next").keys) == 8
+
+
+def test_a_partial_report_is_logged_with_the_tasks_it_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with InProcessService(f"sqlite:///{tmp_path / 'partial.db'}") as service:
+        with bots_client.Client("in-process", channel=service.channel()) as client:
+            client.create_experiment("partial")
+            client.add_tasks("partial", [Task(f"t{i}") for i in range(4)])
+            batch = client.select_batch("partial", 4, request_key="all")
+            with caplog.at_level(logging.WARNING, logger="bots_server.core.batches"):
+                client.report_outcomes("partial", batch.batch_id, {batch.keys[0]: (1, 2)})
+    [record] = [r for r in caplog.records if r.name == "bots_server.core.batches"]
+    assert "holds 1 of its 4 tasks" in record.getMessage()
+    assert all(k in record.getMessage() for k in batch.keys[1:])
+    assert (record.experiment, record.missing_tasks) == ("partial", 3)  # type: ignore[attr-defined]
 
 
 def test_a_trainer_that_never_reports_cannot_grow_the_batches_without_end(

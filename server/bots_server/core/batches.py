@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,8 @@ from bots_server.store import (
     StepEvent,
     Store,
 )
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -130,7 +133,7 @@ class Batches:
                         return await self._report(live, batch_id, outcomes), existing
                     caught_up = True
                     continue
-                self._applied(live, state, event, outcomes)
+                self._applied(live, state, event, outcomes, batch)
                 self._stored(live, stored)
                 self.checkpoints.after_step(live)
                 return ReportResult(step=event.step, capability=event.capability, duplicate=False), _batch(live, stored)
@@ -183,7 +186,7 @@ class Batches:
             except BatchAlreadyReported:  # another replica applied (or deleted) it meanwhile
                 reported = await self._reported_meanwhile(live, batch_id)
                 return await self._repeated(live, reported, outcomes)
-            self._applied(live, state, event, outcomes)
+            self._applied(live, state, event, outcomes, batch)
             self.checkpoints.after_step(live)
             return ReportResult(step=event.step, capability=event.capability, duplicate=False)
         raise contended(live.name)
@@ -240,11 +243,21 @@ class Batches:
         )
 
     def _applied(
-        self, live: LiveExperiment, state: PosteriorState, event: StepEvent, outcomes: Outcomes
+        self, live: LiveExperiment, state: PosteriorState, event: StepEvent, outcomes: Outcomes, batch: BatchRow
     ) -> None:
         """Bookkeeping of a report just committed (signals from the outcomes
         as reported: the event holds the posterior's evidence)."""
         rt = self.runtime
+        if len(event.task_idx) < len(batch.task_idx):
+            # Allowed (a task whose rollouts failed counts as not selected),
+            # but never silent: the batch is closed with the rest unreported.
+            missing = sorted(set(live.batch_keys(batch)) - set(outcomes.keys))
+            log.warning(
+                "report of batch %s holds %d of its %d tasks; the batch is closed and the other %d count as not "
+                "selected (first missing: %s)",
+                event.batch_id, len(event.task_idx), len(batch.task_idx), len(missing), ", ".join(missing[:5]),
+                extra={"experiment": live.name, "batch_id": event.batch_id, "missing_tasks": len(missing)},
+            )  # fmt: skip
         live.state, live.step = state, event.step
         live.open_batches.pop(event.batch_id, None)
         signals = batch_signals(outcomes.successes, outcomes.trials, outcomes.sum_squares)
@@ -262,7 +275,7 @@ class Batches:
         event = await rt.db(rt.store.read_event, live.id, batch.reported_step)
         if batch.compacted or not event.complete:
             # Compacted: its outcomes cannot be compared any more; a retry
-            # this old can only be a duplicate (docs/design-compaction.md).
+            # this old can only be a duplicate (docs/design.md, Bounded storage).
             return ReportResult(step=event.step, capability=event.capability, duplicate=True)
         if (event.task_idx, event.successes, event.trials) != _match(live, batch, outcomes):
             raise FailedPrecondition(
