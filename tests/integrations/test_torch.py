@@ -788,17 +788,22 @@ def test_overlapped_reports_survive_trainer_crashes_at_any_moment(
 
     def run(name: str, checkpoint: Path, kill_after: float | None) -> bool:
         """One trainer process; True if it finished (before the kill, if
-        any), False if it was killed."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.overlap_trainer", address, name, str(checkpoint), str(steps)],
-            cwd=REPO, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        any), False if it was killed. A run that is not killed must finish:
+        its error fails the test (instead of another resume, for ever)."""
+        stderr = tmp_path / "stderr"
+        with stderr.open("w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.overlap_trainer", address, name, str(checkpoint), str(steps)],
+                cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
+            )  # fmt: skip
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout.readline().strip() == "ready", stderr.read_text()[-3000:]
         if kill_after is not None:
             time.sleep(kill_after)
             proc.kill()
-        return proc.wait(120) == 0
+        code = proc.wait(120)
+        assert kill_after is not None or code == 0, stderr.read_text()[-3000:]
+        return code == 0
 
     assert run(exp_name + "-ref", tmp_path / "ref.json", None)
     rng = random.Random(20261125)
