@@ -222,7 +222,8 @@ def test_a_pause_of_the_whole_server_is_not_a_stall(databases: tuple[str, str]) 
         assert children(server.proc.pid) == pids  # type: ignore[union-attr]
         assert not any(str(e.get("message", "")).startswith("server process stopped:") for e in server.log_lines)
     finally:
-        assert server.stop() == 0
+        code = server.stop()
+        assert code == 0, server.log_lines[-30:]
 
 
 def test_processes_that_cannot_start_are_retried_slower_and_reported_down(
