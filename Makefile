@@ -76,7 +76,7 @@ test: $(TEST_STAMP) tools
 # benchmarks, no fault injection. `make test` before a push.
 QUICK_TESTS := tests/engine tests/core tests/store tests/api tests/client
 test-quick: $(TEST_STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -q -k "not postgresql and not pg" $(QUICK_TESTS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -q -k "not postgresql" $(QUICK_TESTS) $(PYTEST_ARGS)
 
 # The suite beside a CPU hog (three busy processes a core: load 6+ on two
 # cores), RUNS times in a row; prints the load it ran under.
